@@ -1,0 +1,23 @@
+"""jask: out-of-core, differentiable arrays for JAX, stored in Zarr."""
+from jask import config
+from jask.base.array import DiskArray
+from jask.base.executor import Stats
+from jask.config import set_memory_budget
+from jask.io.scratch import cleanup_scratch
+from jask.linalg.add import add
+from jask.linalg.dot import dot
+from jask.linalg.mul import mul
+from jask.linalg.square import square
+from jask.linalg.sub import sub
+from jask.linalg.sum import sum  # noqa: A004
+from jask.linalg.transpose import transpose
+from jask.sinks import materialize, persist, to_zarr, update_
+from jask.sources import from_numpy, from_zarr
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "DiskArray", "add", "cleanup_scratch", "config", "dot", "from_numpy", "from_zarr",
+    "materialize", "mul", "persist", "set_memory_budget", "square", "sub", "sum",
+    "to_zarr", "transpose", "update_",
+]

@@ -1,0 +1,247 @@
+"""``DiskArray``: a Zarr-backed array that JAX treats as a value of its own type.
+
+``DiskArrayType`` is a hijax type holding only static facts (shape, dtype); its
+lowered value is one int32 handle into :data:`jask.base.graph.handles`. So
+``jit`` compiles once per shape and dtype whatever store backs an array, and a
+compiled program never holds a tensor of the array's shape.
+"""
+from __future__ import annotations
+
+import dataclasses
+
+import numpy as np
+
+from jask.base import compat
+from jask.base.graph import Node, OpNode, StoredNode, ZerosNode, handles
+
+
+@dataclasses.dataclass(frozen=True)
+class DiskArrayType(compat.HiType):
+    """The JAX type of a DiskArray: shape and dtype, nothing that names a store."""
+
+    shape: tuple[int, ...]
+    dtype: np.dtype
+
+    @property
+    def ndim(self):
+        return len(self.shape)
+
+    @property
+    def size(self):
+        return int(np.prod(self.shape, dtype=np.int64))
+
+    def str_short(self, short_dtypes=False, **_):
+        return f"DiskArray{{{self.dtype.name}{list(self.shape)}}}"
+
+    # lowering: one int32 handle
+    def lo_ty(self):
+        return [compat.ShapedArray((), np.int32)]
+
+    def lower_val(self, x):
+        if x._node is None:
+            return [x._handle]
+        return [np.int32(handles.handle_of(x._node, pin=True))]
+
+    def raise_val(self, h):
+        if compat.is_traced(h):
+            return DiskArray(aval=self, handle=h)
+        return DiskArray(node=handles.lookup(h))
+
+    # autodiff: a DiskArray's tangent is a DiskArray of the same type
+    def to_tangent_aval(self):
+        return self
+
+    def vspace_zero(self):
+        return DiskArray(node=zeros_node(self.shape, self.dtype))
+
+    def vspace_add(self, x, y):
+        from jask.linalg.add import add
+        return add(x, y)
+
+    def dec_rank(self, size, spec):
+        raise NotImplementedError("jax.vmap over DiskArrays is not supported; loop, or use batched jask.dot")
+
+    inc_rank = dec_rank
+
+    def leading_axis_spec(self):
+        raise NotImplementedError("scanning over the leading axis of a DiskArray is not supported")
+
+    # operators on traced DiskArrays (tracers forward ``x + y`` to ``aval._add(x, y)``)
+    _add = staticmethod(lambda x, y: _binary("add", x, y))
+    _radd = staticmethod(lambda x, y: _binary("add", y, x))
+    _sub = staticmethod(lambda x, y: _binary("sub", x, y))
+    _rsub = staticmethod(lambda x, y: _binary("sub", y, x))
+    _mul = staticmethod(lambda x, y: _binary("mul", x, y))
+    _rmul = staticmethod(lambda x, y: _binary("mul", y, x))
+    _truediv = staticmethod(lambda x, y: _divide(x, y))
+    _matmul = staticmethod(lambda x, y: _binary("dot", x, y))
+    _rmatmul = staticmethod(lambda x, y: _binary("dot", y, x))
+    _neg = staticmethod(lambda x: _binary("mul", x, -1.0))
+    _pow = staticmethod(lambda x, y: _power(x, y))
+    T = compat.aval_property(lambda x: _transpose(x))
+
+
+def _binary(name, x, y):
+    import jask
+    return getattr(jask, name)(x, y)
+
+
+def _transpose(x):
+    import jask
+    return jask.transpose(x)
+
+
+def _divide(x, y):
+    import jask
+    if isinstance(y, (DiskArray, compat.Tracer)) and is_disk_array(y):
+        raise TypeError("division by a DiskArray is not supported; divide by a scalar")
+    if isinstance(y, (int, float)):
+        return jask.mul(x, 1.0 / y)
+    return jask.mul(x, 1.0 / jask_scalar(y))
+
+
+def _power(x, y):
+    import jask
+    if isinstance(y, (int, float)) and y == 2:
+        return jask.square(x)
+    if isinstance(y, (int, float)) and y == 1:
+        return x
+    raise NotImplementedError(f"DiskArray ** {y!r}: only the powers 1 and 2 are supported")
+
+
+def jask_scalar(y):
+    import jax.numpy as jnp
+    return jnp.asarray(y)
+
+
+_zeros: dict = {}
+
+
+def zeros_node(shape, dtype) -> ZerosNode:
+    """The shared all-zero node of this shape and dtype (kept forever: it owns no storage)."""
+    key = (tuple(shape), np.dtype(dtype))
+    if key not in _zeros:
+        _zeros[key] = ZerosNode(*key)
+        handles.handle_of(_zeros[key])
+    return _zeros[key]
+
+
+def is_disk_array(x) -> bool:
+    """True for a DiskArray or a tracer whose type is a DiskArray type."""
+    if isinstance(x, DiskArray):
+        return True
+    return compat.is_traced(x) and isinstance(getattr(x, "aval", None), DiskArrayType)
+
+
+def type_of(x) -> DiskArrayType:
+    return x.aval if compat.is_traced(x) else x._aval
+
+
+class DiskArray:
+    """An array stored in Zarr, usable as a JAX value (``jit``, ``grad``).
+
+    Values are immutable: ops return new arrays (computed lazily, at a sink).
+    :meth:`update_` is the one in-place operation and commits atomically.
+    """
+
+    __slots__ = ("_aval", "_node", "_handle", "__weakref__")
+
+    def __init__(self, node: Node | None = None, *, aval: DiskArrayType | None = None, handle=None):
+        if node is not None:
+            aval = DiskArrayType(node.shape, node.dtype)
+        self._aval = aval
+        self._node = node
+        self._handle = handle
+
+    # static facts
+    shape = property(lambda self: self._aval.shape)
+    dtype = property(lambda self: self._aval.dtype)
+    ndim = property(lambda self: self._aval.ndim)
+    size = property(lambda self: self._aval.size)
+    nbytes = property(lambda self: self._aval.size * self._aval.dtype.itemsize)
+    aval = property(lambda self: self._aval)
+
+    @property
+    def chunks(self) -> tuple[int, ...]:
+        """Chunk shape of the backing store (for a lazy array: the chunks it will be written with)."""
+        node = self._concrete().resolved()
+        if isinstance(node, StoredNode):
+            return node.store.chunks
+        from jask.base.executor import block_shape, default_tile
+        return block_shape(self.shape, default_tile(self.ndim, self.dtype.itemsize))
+
+    @property
+    def path(self) -> str | None:
+        """Folder of the backing Zarr store, or None while the array is still lazy."""
+        node = self._concrete().resolved()
+        return node.store.path if isinstance(node, StoredNode) else None
+
+    def _concrete(self) -> Node:
+        if self._node is None:
+            raise TypeError("this DiskArray is traced (inside jit/grad); its storage is not accessible here")
+        return self._node
+
+    def __repr__(self):
+        if self._node is None:
+            return f"DiskArray(shape={self.shape}, dtype={self.dtype.name}, traced)"
+        node = self._node.resolved()
+        if isinstance(node, StoredNode):
+            where = f"store={node.store.path!r}"
+        elif isinstance(node, OpNode):
+            where = f"lazy={node.spec.name}"
+        else:
+            where = "zeros"
+        return f"DiskArray(shape={self.shape}, dtype={self.dtype.name}, chunks={self.chunks}, {where})"
+
+    def __len__(self):
+        if not self.shape:
+            raise TypeError("len() of a 0-d DiskArray")
+        return self.shape[0]
+
+    # operators
+    __add__ = lambda self, o: _binary("add", self, o)
+    __radd__ = lambda self, o: _binary("add", o, self)
+    __sub__ = lambda self, o: _binary("sub", self, o)
+    __rsub__ = lambda self, o: _binary("sub", o, self)
+    __mul__ = lambda self, o: _binary("mul", self, o)
+    __rmul__ = lambda self, o: _binary("mul", o, self)
+    __matmul__ = lambda self, o: _binary("dot", self, o)
+    __rmatmul__ = lambda self, o: _binary("dot", o, self)
+    __truediv__ = lambda self, o: _divide(self, o)
+    __neg__ = lambda self: _binary("mul", self, -1.0)
+    __pow__ = lambda self, o: _power(self, o)
+    T = property(lambda self: _transpose(self))
+
+    def __array__(self, dtype=None, copy=None):
+        from jask.sinks import to_numpy
+        out = to_numpy(self)
+        return out if dtype is None else out.astype(dtype)
+
+    def to_zarr(self, path, overwrite: bool = False, chunks=None, compressors=None) -> None:
+        """Write this array to a new Zarr v3 store at ``path`` (atomic: complete or absent)."""
+        from jask.sinks import to_zarr
+        to_zarr(self, path, overwrite=overwrite, chunks=chunks, compressors=compressors)
+
+    def update_(self, new_value) -> "DiskArray":
+        """Overwrite this array with ``new_value`` (same shape and dtype), atomically."""
+        from jask.sinks import update_
+        update_(self, new_value)
+        return self
+
+    def persist(self) -> "DiskArray":
+        """Compute now into scratch storage; returns the stored array (see :func:`jask.persist`)."""
+        from jask.sinks import persist
+        return persist(self)
+
+    def __bool__(self):
+        raise TypeError("the truth value of a DiskArray is ambiguous; materialize it first")
+
+    def __iter__(self):
+        raise TypeError("iterating over a DiskArray would read it tile by tile into memory; "
+                        "use jask.materialize for small arrays")
+
+    def __reduce__(self):
+        raise TypeError("DiskArrays cannot be pickled; save with to_zarr and reopen with jask.from_zarr")
+
+
+compat.register_hitype(DiskArray, lambda x: x._aval)

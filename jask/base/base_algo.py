@@ -1,0 +1,259 @@
+"""``make_op``: from five per-tile methods to a public op that works under jit and grad.
+
+Architecture notes
+------------------
+*Values.* A :class:`~jask.base.array.DiskArray` is a hijax value of type
+``DiskArrayType(shape, dtype)``. Its lowered form is a single int32 handle, so
+under ``jax.jit`` the traced graph holds handles and scalars, never a tensor
+of an array's shape, and a jitted function compiles once per shape and dtype.
+
+*Ops are lazy.* Calling an op binds an :class:`OpPrimitive`. Its ``expand``
+(run eagerly, or when ``jit`` lowers) calls :func:`jask.base.runtime.host_call`:
+eagerly the host function runs at once, under tracing it becomes an ordered
+``io_callback``. Either way the host function only adds an ``OpNode`` to the
+lazy tile graph (:mod:`jask.base.graph`). Work happens at sinks: an op whose
+output is a scalar (``sum``), ``materialize``, ``to_zarr``, ``update_``,
+``persist``. The executor (:mod:`jask.base.executor`) plans the whole graph
+below a sink, fuses single-use producers into their consumers, and pulls
+output tiles through the per-tile kernels (:mod:`jask.kernels`).
+
+*Gradients.* ``OpPrimitive.vjp_fwd`` keeps the inputs as residuals. Its
+``vjp_bwd`` binds a second hi-primitive, :class:`BackwardPrimitive`, because the
+body of a VJP rule is inlined into the gradient graph and must itself be a
+callback, not traced tile math. The backward node of input ``i`` is an ordinary
+lazy op, :class:`GradOp`: for each tile of input ``i`` its ``index_map`` lists
+every (output tile, entry) that read that tile, found by tabulating the forward
+``index_map`` on the host once per tiling, and its ``forward_block`` is the
+forward op's ``backward_block``. Contributions to one input tile (``dot``'s dA
+sums over output columns) are folded by ``combine`` inside the tile loop, never
+by read-modify-write on disk. Gradients are therefore lazy DiskArrays too, and
+fuse with whatever consumes them (an optimizer update).
+
+*Lifetimes.* Scratch stores belong to their ``Store`` objects and are deleted
+when no node refers to them. Nodes created inside a compiled call are pinned
+until the call has finished (``runtime.safe_point``).
+"""
+from __future__ import annotations
+
+import dataclasses
+from collections import defaultdict
+
+import numpy as np
+
+from jask.base import compat, runtime
+from jask.base.array import DiskArray, DiskArrayType, is_disk_array, type_of
+from jask.base.graph import OpNode, OpSpec
+from jask.base.op import BlockParallelOp, CustomOp, TiledInput
+
+
+def freeze(value):
+    """Make keyword arguments hashable (lists become tuples) so ops can key caches."""
+    if isinstance(value, (list, tuple)):
+        return tuple(freeze(v) for v in value)
+    if isinstance(value, dict):
+        return tuple(sorted((k, freeze(v)) for k, v in value.items()))
+    if isinstance(value, np.ndarray):
+        return tuple(value.tolist())
+    try:
+        hash(value)
+    except TypeError:
+        raise TypeError(f"op keyword argument {value!r} must be hashable (a number, string or tuple)") from None
+    return value
+
+
+def call_time_op(spec: OpSpec, types):
+    """Build the op for the default tiling, to validate inputs and learn the output shape."""
+    from jask.base.executor import block_shape, default_tile
+    widest = max((t.ndim for t in types), default=0)
+    itemsize = max((t.dtype.itemsize for t in types), default=4)
+    tile = default_tile(widest, itemsize)
+    return spec.build([TiledInput(t.shape, t.dtype, block_shape(t.shape, tile)) for t in types])
+
+
+def output_type(spec: OpSpec, op, types):
+    """The op's output type, with errors that name the op and the offending shapes and dtypes."""
+    dtypes = [t.dtype for t in types]
+    if len(set(dtypes)) > 1 and type(op).output_dtype is BlockParallelOp.output_dtype:
+        raise TypeError(f"{spec.name} got mismatched dtypes {', '.join(d.name for d in dtypes)}; "
+                        "jask does not promote implicitly: convert the inputs to one dtype")
+    shape = op.output_shape(*[t.shape for t in types])
+    try:
+        shape = tuple(int(d) for d in shape)
+    except TypeError:
+        raise TypeError(f"{spec.name}.output_shape must return a tuple of ints, got {shape!r}") from None
+    dtype = np.dtype(op.output_dtype(*dtypes))
+    if shape == ():
+        return compat.ShapedArray((), dtype)
+    return DiskArrayType(shape, dtype)
+
+
+class OpPrimitive(compat.VJPHiPrimitive):
+    """One application of a BlockParallelOp (or CustomOp) to DiskArrays."""
+
+    def __init__(self, spec: OpSpec, in_types, out_type):
+        self.in_avals = tuple(in_types)
+        self.out_aval = out_type
+        self.params = dict(spec=spec, signature=(tuple(in_types), out_type))
+        super().__init__()
+
+    def expand(self, *args):
+        (out,) = runtime.host_call(ApplyOp(self.spec), (self.out_aval,),
+                                   [runtime.ref_of(a) for a in args], [True] * len(args))
+        return out
+
+    def vjp_fwd(self, nzs_in, *args):
+        return self(*args), args
+
+    def vjp_bwd(self, res, g, *accums):
+        wanted = tuple(i for i, acc in enumerate(accums) if compat.wants_grad(acc))
+        if not wanted or compat.is_zero_cotangent(g):
+            return
+        prim = BackwardPrimitive(self.spec, self.in_avals, self.out_aval, wanted)
+        grads = prim(g, *res)
+        for i, grad in zip(wanted, grads):
+            accums[i].accum(grad)
+
+    def batch(self, axis_data, args, dims):
+        raise NotImplementedError(f"jax.vmap of jask.{self.spec.name} is not supported")
+
+    def jvp(self, primals, tangents):
+        raise NotImplementedError(f"forward-mode differentiation (jvp) of jask.{self.spec.name} is "
+                                  "not supported; use jax.grad")
+
+
+class BackwardPrimitive(compat.VJPHiPrimitive):
+    """Gradients of one op application for the inputs in ``wanted``: lazy GradOp nodes."""
+
+    def __init__(self, spec, in_types, out_type, wanted):
+        self.in_avals = (out_type, *in_types)
+        self.out_aval = tuple(in_types[i] for i in wanted)
+        self.params = dict(spec=spec, wanted=wanted, signature=(tuple(in_types), out_type))
+        super().__init__()
+
+    def expand(self, g, *args):
+        refs = [runtime.ref_of(g)] + [runtime.ref_of(a) for a in args]
+        return runtime.host_call(ApplyBackward(self.spec, self.wanted), self.out_aval, refs,
+                                 [is_disk_array(g)] + [True] * len(args))
+
+    def vjp_fwd(self, nzs_in, *args):
+        raise NotImplementedError(f"second-order gradients of jask.{self.spec.name} are not supported")
+
+    def batch(self, axis_data, args, dims):
+        raise NotImplementedError(f"jax.vmap of the gradient of jask.{self.spec.name} is not supported")
+
+
+@dataclasses.dataclass(frozen=True)
+class ApplyOp:
+    """Host function: add the op's node to the graph (and run it, if its output is a scalar)."""
+
+    spec: OpSpec
+
+    def __call__(self, *inputs):
+        from jask.base.executor import run
+        types = [DiskArrayType(n.shape, n.dtype) for n in inputs]
+        out = output_type(self.spec, call_time_op(self.spec, types), types)
+        node = OpNode(self.spec, tuple(runtime.as_node(i) for i in inputs), out.shape, out.dtype)
+        if out.shape == ():
+            return run([node])
+        return (node,)
+
+
+@dataclasses.dataclass(frozen=True)
+class ApplyBackward:
+    """Host function: the lazy gradient nodes of one op application."""
+
+    spec: OpSpec
+    wanted: tuple[int, ...]
+
+    def __call__(self, g, *inputs):
+        nodes = tuple(runtime.as_node(x) for x in (g, *inputs))
+        return tuple(OpNode(OpSpec(GradOp, (("forward", self.spec), ("wrt", i)), name=f"grad[{self.spec.name}]"),
+                            nodes, inputs[i].shape, inputs[i].dtype)
+                     for i in self.wanted)
+
+
+class GradOp(BlockParallelOp):
+    """Gradient of a forward op with respect to input ``wrt``, itself a block-parallel op.
+
+    Inputs are ``(d_out, *forward_inputs)``. ``index_map`` is the forward map
+    inverted for input ``wrt`` (tabulated once per tiling); each entry carries
+    the output tile and the forward entry that read this input tile.
+    """
+
+    def __init__(self, forward_op, wrt, table):
+        self.forward_op, self.wrt, self.table = forward_op, wrt, table
+
+    @classmethod
+    def from_inputs(cls, d_out, *inputs, forward, wrt):
+        from jask.base.executor import grid
+        op = forward.build(list(inputs))
+        table = defaultdict(list)
+        out_grid = d_out.grid
+        for out_idx in np.ndindex(*out_grid):
+            for entry in op.index_map(out_idx):
+                blocks = tuple(tuple(int(i) for i in b) for b in entry)
+                table[blocks[wrt]].append((tuple(out_idx), *blocks))
+        return cls(op, wrt, dict(table))
+
+    def forward_block(self, d_out_block, *input_blocks):
+        grads = self.forward_op.backward_block(d_out_block, *input_blocks)
+        return grads[self.wrt].astype(input_blocks[self.wrt].dtype)
+
+    def index_map(self, in_idx):
+        return self.table.get(tuple(in_idx), [])
+
+    def combine(self, acc, partial):
+        return acc + partial
+
+    def backward_block(self, d_out_block, *input_blocks):
+        raise NotImplementedError("second-order gradients are not supported")
+
+    def output_shape(self, d_shape, *input_shapes):
+        return input_shapes[self.wrt]
+
+    def output_dtype(self, *dtypes):
+        return dtypes[1 + self.wrt]
+
+
+def _check_inputs(name, inputs):
+    for pos, x in enumerate(inputs):
+        if not is_disk_array(x):
+            raise TypeError(f"{name} expects DiskArray inputs; argument {pos} is {type(x).__name__}. "
+                            "Wrap in-memory data with jask.from_numpy")
+        node = x._node if isinstance(x, DiskArray) else None
+        if node is not None:
+            _check_alive(name, node)
+
+
+def _check_alive(name, node):
+    from jask.base.graph import StoredNode
+    import os
+    r = node.resolved()
+    if isinstance(r, StoredNode) and not os.path.isdir(r.store.path):
+        raise FileNotFoundError(f"{name}: the Zarr store {r.store.path} backing an input was deleted")
+
+
+def make_op(cls, doc: str | None = None, name: str | None = None):
+    """Turn a :class:`BlockParallelOp` subclass into a public function.
+
+    The function takes DiskArrays positionally; keyword arguments go to
+    ``cls.from_inputs``. It works eagerly, under ``jax.jit`` and under
+    ``jax.grad``, and never materializes an array.
+    """
+    if not (isinstance(cls, type) and issubclass(cls, (BlockParallelOp, CustomOp))):
+        raise TypeError(f"make_op expects a BlockParallelOp or CustomOp subclass, got {cls!r}")
+    op_name = name or cls.__name__.lower()
+
+    def op(*inputs, **kwargs):
+        _check_inputs(op_name, inputs)
+        if not any(compat.is_traced(x) for x in inputs):
+            runtime.safe_point()
+        spec = OpSpec(cls, tuple(sorted((k, freeze(v)) for k, v in kwargs.items())), op_name)
+        types = [type_of(x) for x in inputs]
+        out = output_type(spec, call_time_op(spec, types), types)
+        return OpPrimitive(spec, types, out)(*inputs)
+
+    op.__name__ = op.__qualname__ = op_name
+    op.__doc__ = doc or cls.__doc__
+    op.op_class = cls
+    return op

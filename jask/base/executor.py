@@ -1,0 +1,462 @@
+"""Planner and executor for the lazy tile graph.
+
+A sink calls :func:`run` with one or more root nodes. Planning happens before
+any byte is written:
+
+1. Collect the graph below the roots and count each node's consumers.
+2. Pick one tile edge ``T`` for the whole plan (every axis of every array is cut
+   into blocks of ``min(T, dim)``), so index maps of producers and consumers
+   always agree, even across transposes and contractions.
+3. Decide which intermediate nodes are *fused* (recomputed tile by tile inside
+   their consumer) and which are *materialized* to scratch: a node is fused
+   when it has exactly one consumer and that consumer reads each of its tiles
+   at most once (elementwise chains, a dot feeding an elementwise epilogue or a
+   sum). Anything else is computed once and stored.
+4. Project peak memory (:func:`projected_bytes`) and shrink ``T`` until it fits
+   the budget, or refuse with an error saying what would fit.
+
+Execution walks each materialized node's output tiles in order. A tile is
+*pulled*: the op's ``index_map`` names the input blocks, which are read from
+disk or pulled recursively from fused producers, and the backend
+(:mod:`jask.kernels`) folds the entries with ``forward_block``/``combine``.
+Only the blocks of one entry per node on the current path, plus one
+accumulator per node, are alive at any time.
+"""
+from __future__ import annotations
+
+import dataclasses
+import itertools
+import math
+import time
+from collections import defaultdict
+
+import numpy as np
+
+from jask import kernels
+from jask.base.graph import Node, OpNode, ScalarNode, StoredNode, ZerosNode
+from jask.base.op import TiledInput
+
+MAX_TILE_ELEMENTS = 2**24  # 64 MiB of float32: bigger tiles stop paying off
+MIN_TILE_EDGE = 8
+SLOTS_PER_LEAF = 2         # the decoded Zarr chunk plus the array handed to the kernel
+SLOTS_PER_OP = 2           # one partial and one accumulator per op on the pull path
+SLOTS_FIXED = 2            # the finished output tile and its write buffer
+
+
+# ---------------------------------------------------------------- tiling
+
+def block_shape(shape, tile: int) -> tuple[int, ...]:
+    return tuple(min(tile, d) for d in shape)
+
+
+def grid(shape, tile: int) -> tuple[int, ...]:
+    return tuple(math.ceil(d / b) for d, b in zip(shape, block_shape(shape, tile)))
+
+
+def region(idx, shape, tile: int) -> tuple[slice, ...]:
+    return tuple(slice(i * tile, min((i + 1) * tile, d)) for i, d in zip(idx, shape))
+
+
+def tiled(node: Node, tile: int) -> TiledInput:
+    return TiledInput(node.shape, node.dtype, block_shape(node.shape, tile))
+
+
+def largest_tile(ndim: int) -> int:
+    """Largest power-of-two edge whose ndim-cube stays under MAX_TILE_ELEMENTS."""
+    if ndim == 0:
+        return MIN_TILE_EDGE
+    edge = 2 ** int(math.log2(MAX_TILE_ELEMENTS) // ndim)
+    return max(edge, MIN_TILE_EDGE)
+
+
+def default_tile(ndim: int, itemsize: int, n_inputs: int = 2) -> int:
+    """Tile edge for arrays of this rank under the current budget (used for storage chunks)."""
+    from jask.config import config
+    if config.tile is not None:
+        return config.tile
+    slots = SLOTS_PER_LEAF * n_inputs + SLOTS_PER_OP + SLOTS_FIXED
+    edge = largest_tile(ndim)
+    while edge > MIN_TILE_EDGE and slots * edge**max(ndim, 1) * itemsize > config.memory_budget:
+        edge //= 2
+    return edge
+
+
+# ---------------------------------------------------------------- statistics
+
+@dataclasses.dataclass
+class Stats:
+    """Deterministic counters of executed work (bytes, tiles, kernel calls)."""
+
+    tiles: int = 0
+    kernel_calls: int = 0
+    bytes_read: int = 0
+    bytes_written: int = 0
+    arrays_written: int = 0
+    io_seconds: float = 0.0
+    compute_seconds: float = 0.0
+
+    def add(self, **counts) -> None:
+        for k, v in counts.items():
+            setattr(self, k, getattr(self, k) + v)
+
+
+_listeners: list[Stats] = []
+
+
+def _count(**counts) -> None:
+    for s in _listeners:
+        s.add(**counts)
+
+
+# ---------------------------------------------------------------- planning
+
+@dataclasses.dataclass
+class Prepared:
+    """One op instance built for a plan's tiling, with its compiled kernel."""
+
+    op: object
+    kernel: object
+    name: str
+
+
+@dataclasses.dataclass
+class Plan:
+    """What will run: tile edge, materialized nodes in order, fused nodes, projected memory."""
+
+    tile: int
+    roots: list[Node]
+    stages: list[OpNode]
+    fused: list[OpNode]
+    prepared: dict[int, Prepared]
+    projected_bytes: int
+    budget: int
+
+    def describe(self) -> str:
+        lines = [f"plan: tile edge {self.tile}, projected peak {self.projected_bytes / 2**20:.1f} MiB "
+                 f"of budget {self.budget / 2**20:.1f} MiB"]
+        fused_ids = {id(n) for n in self.fused}
+        for n in self.stages:
+            inner = [self.prepared[id(f)].name for f in _fused_group(n, fused_ids)]
+            extra = f" (fused: {', '.join(inner)})" if inner else ""
+            lines.append(f"  {self.prepared[id(n)].name} -> {n.shape} {n.dtype}, "
+                         f"grid {grid(n.shape, self.tile)}{extra}")
+        return "\n".join(lines)
+
+
+def _collect(roots):
+    """Post-order list of pending OpNodes below ``roots``, and how often each is consumed."""
+    order, consumers, seen = [], defaultdict(int), set()
+    stack = [(r.resolved(), False) for r in roots]
+    for r in roots:
+        consumers[id(r.resolved())] += 1
+    while stack:
+        node, expanded = stack.pop()
+        if not isinstance(node, OpNode) or node.result is not None:
+            continue
+        if expanded:
+            if id(node) not in seen:
+                seen.add(id(node))
+                order.append(node)
+            continue
+        if id(node) in seen:
+            continue
+        stack.append((node, True))
+        for inp in node.inputs:
+            inp = inp.resolved()
+            consumers[id(inp)] += 1
+            if isinstance(inp, OpNode) and inp.result is None and id(inp) not in seen:
+                stack.append((inp, False))
+    return order, consumers
+
+
+def _leaves_and_ops(node: OpNode, fused_ids):
+    """Distinct leaf inputs and op nodes evaluated while pulling one tile of ``node``."""
+    leaves, ops, stack, seen = set(), [node], [node], {id(node)}
+    while stack:
+        for inp in stack.pop().inputs:
+            inp = inp.resolved()
+            if id(inp) in seen:
+                continue
+            seen.add(id(inp))
+            if isinstance(inp, OpNode) and id(inp) in fused_ids:
+                ops.append(inp)
+                stack.append(inp)
+            elif not isinstance(inp, ScalarNode):
+                leaves.add(id(inp))
+    return leaves, ops
+
+
+def _fused_group(node: OpNode, fused_ids):
+    return _leaves_and_ops(node, fused_ids)[1][1:]
+
+
+def projected_bytes(stages, fused_ids, tile: int) -> int:
+    """Projected peak bytes of executing ``stages`` with tile edge ``tile``.
+
+    Per stage: ``SLOTS_PER_LEAF`` tiles for each distinct leaf input read while
+    pulling one output tile, ``SLOTS_PER_OP`` for each op on the pull path
+    (partial + accumulator), and ``SLOTS_FIXED`` for the finished tile and its
+    write. Every slot is charged the largest tile of the plan. Stages run one
+    after another, so the plan's peak is the largest stage.
+    """
+    peak = 0
+    for node in stages:
+        leaves, ops = _leaves_and_ops(node, fused_ids)
+        arrays = [node] + ops
+        widest = max(n.ndim for n in arrays)
+        itemsize = max(max(n.dtype.itemsize, 4) for n in arrays)
+        tile_bytes = min(tile, max(max(n.shape, default=1) for n in arrays)) ** widest * itemsize
+        slots = SLOTS_PER_LEAF * len(leaves) + SLOTS_PER_OP * len(ops) + SLOTS_FIXED
+        peak = max(peak, slots * tile_bytes)
+    return peak
+
+
+def _entries(prep: Prepared, node: OpNode, out_idx):
+    entries = prep.op.index_map(tuple(out_idx))
+    try:
+        entries = [tuple(tuple(int(i) for i in b) if not isinstance(inp.resolved(), ScalarNode) else ()
+                         for b, inp in zip(e, node.inputs)) if len(e) == len(node.inputs) else None
+                   for e in entries]
+    except TypeError as err:
+        raise ValueError(f"{prep.name}.index_map({tuple(out_idx)}) must return a list of tuples of "
+                         f"block indices, got {entries!r}") from err
+    if any(e is None for e in entries):
+        raise ValueError(f"{prep.name}.index_map({tuple(out_idx)}) must give one block index per "
+                         f"input ({len(node.inputs)}) in every entry")
+    return entries
+
+
+def _reads_each_tile_once(consumer: OpNode, prep: Prepared, producer: Node, tile: int) -> bool:
+    positions = [p for p, inp in enumerate(consumer.inputs) if inp.resolved() is producer]
+    seen = set()
+    for out_idx in np.ndindex(*grid(consumer.shape, tile)):
+        for entry in _entries(prep, consumer, out_idx):
+            for p in positions:
+                if entry[p] in seen:
+                    return False
+                seen.add(entry[p])
+    return True
+
+
+def _prepare(node: OpNode, tile: int, backend, cache) -> Prepared:
+    key = (node.spec, tuple(tiled(i.resolved(), tile) for i in node.inputs), backend.name)
+    if key not in cache:
+        op = node.spec.build(list(key[1]))
+        cache[key] = Prepared(op, backend.compile(op), node.spec.name)
+        while len(cache) > _CACHE_SIZE:
+            cache.pop(next(iter(cache)))
+    return cache[key]
+
+
+_CACHE_SIZE = 256
+_prepared_cache: dict = {}
+
+
+def plan(roots) -> Plan:
+    """Plan the computation of ``roots``; raises ``ValueError`` if it cannot fit the budget."""
+    from jask.config import config
+    order, consumers = _collect(roots)
+    root_ids = {id(r.resolved()) for r in roots}
+    backend = kernels.get_backend()
+    every = list(order) + [i.resolved() for n in order for i in n.inputs]
+    widest = max((n.ndim for n in every), default=0)
+    biggest = max((max(n.shape, default=1) for n in every), default=1)
+    tile = config.tile or min(largest_tile(widest), 2 ** math.ceil(math.log2(max(biggest, 1))))
+    tile = max(tile, 1)
+    while True:
+        prepared = {id(n): _prepare(n, tile, backend, _prepared_cache) for n in order}
+        consumer_of = {}
+        for n in order:
+            for inp in n.inputs:
+                consumer_of[id(inp.resolved())] = n
+        fused = [n for n in order
+                 if config.fusion and id(n) not in root_ids and consumers[id(n)] == 1
+                 and _reads_each_tile_once(consumer_of[id(n)], prepared[id(consumer_of[id(n)])], n, tile)]
+        fused_ids = {id(n) for n in fused}
+        stages = [n for n in order if id(n) not in fused_ids]
+        need = projected_bytes(stages, fused_ids, tile)
+        if need <= config.memory_budget:
+            return Plan(tile, list(roots), stages, fused, prepared, need, config.memory_budget)
+        if config.tile is not None or tile <= MIN_TILE_EDGE:
+            names = ", ".join(prepared[id(n)].name for n in stages)
+            raise ValueError(
+                f"memory budget of {config.memory_budget} bytes is too small: computing {names} "
+                f"with tile edge {tile} needs {need} bytes; raise the budget with "
+                f"jask.set_memory_budget(...) or use a smaller tile (jask.config.update('tile', ...))")
+        tile //= 2
+
+
+# ---------------------------------------------------------------- execution
+
+class Executor:
+    """Runs one plan: pulls tiles through fused producers and writes materialized ones."""
+
+    def __init__(self, p: Plan):
+        self.plan = p
+        self.tile = p.tile
+        self.backend = kernels.get_backend()
+
+    def read(self, node: StoredNode, idx):
+        t0 = time.perf_counter()
+        block = node.store.read(region(idx, node.shape, self.tile))
+        _count(bytes_read=block.nbytes, io_seconds=time.perf_counter() - t0)
+        return block
+
+    def tile_of(self, node: Node, idx):
+        node = node.resolved()
+        if isinstance(node, StoredNode):
+            return self.read(node, idx)
+        if isinstance(node, ScalarNode):
+            return node.value
+        if isinstance(node, ZerosNode):
+            return np.zeros(_block_at(node.shape, idx, self.tile), node.dtype)
+        prep = self.plan.prepared[id(node)]
+        entries = _entries(prep, node, idx)
+        fetch = lambda entry: [self.tile_of(i, b) for i, b in zip(node.inputs, entry)]
+        t0 = time.perf_counter()
+        out = self.backend.output_tile(prep.kernel, entries, fetch, node.dtype)
+        _count(kernel_calls=len(entries), compute_seconds=time.perf_counter() - t0)
+        expected = _block_at(node.shape, idx, self.tile)
+        if out is None:
+            return np.zeros(expected, node.dtype)
+        if tuple(out.shape) != expected:
+            raise ValueError(f"{prep.name}.forward_block produced a tile of shape {tuple(out.shape)} "
+                             f"for output tile {tuple(idx)}, expected {expected}")
+        return out
+
+    def compute(self, node: OpNode, sink) -> None:
+        for idx in itertools.product(*map(range, grid(node.shape, self.tile))):
+            try:
+                tile = np.asarray(self.tile_of(node, idx))
+            except Exception as e:
+                e.add_note(f"while computing tile {idx} of {self.plan.prepared[id(node)].name} "
+                           f"{node.shape} {node.dtype}")
+                raise
+            t0 = time.perf_counter()
+            sink.write(region(idx, node.shape, self.tile), tile)
+            _count(tiles=1, bytes_written=tile.nbytes if sink.counts_io else 0,
+                   io_seconds=time.perf_counter() - t0)
+
+
+def _block_at(shape, idx, tile) -> tuple[int, ...]:
+    return tuple(s.stop - s.start for s in region(idx, shape, tile))
+
+
+# ---------------------------------------------------------------- sinks
+
+class ScratchSink:
+    """Writes a node to a fresh scratch store and makes the node stand for it."""
+
+    counts_io = True
+
+    def __init__(self, node: OpNode, tile: int):
+        from jask.io import scratch
+        from jask.io.store import PendingStore
+        self.node = node
+        self.pending = PendingStore(scratch.new_path(), node.shape, node.dtype, block_shape(node.shape, tile))
+
+    def write(self, reg, tile):
+        self.pending.write(reg, tile)
+
+    def finish(self):
+        store, _ = self.pending.commit(owned=True)
+        _count(arrays_written=1)
+        self.node.set_result(StoredNode(store))
+        return self.node.result
+
+    def abort(self):
+        self.pending.abort()
+
+
+class PathSink:
+    """Writes a node to a user path, committed atomically (optionally replacing what is there)."""
+
+    counts_io = True
+
+    def __init__(self, node, tile, path, overwrite=False, writable=False, chunks=None, compressors=None):
+        from jask.io.store import PendingStore
+        self.overwrite, self.writable = overwrite, writable
+        self.pending = PendingStore(path, node.shape, node.dtype, chunks or block_shape(node.shape, tile),
+                                    compressors=compressors)
+
+    def write(self, reg, tile):
+        self.pending.write(reg, tile)
+
+    def finish(self):
+        _count(arrays_written=1)
+        return self.pending.commit(owned=False, replace=self.overwrite, writable=self.writable)
+
+    def abort(self):
+        self.pending.abort()
+
+
+class MemorySink:
+    """Fills a NumPy array (``materialize``: the one place a whole array is meant to exist)."""
+
+    counts_io = False
+
+    def __init__(self, node, tile):
+        self.out = np.empty(node.shape, node.dtype)
+
+    def write(self, reg, tile):
+        self.out[reg] = tile
+
+    def finish(self):
+        return self.out
+
+    def abort(self):
+        pass
+
+
+def run(roots, make_sinks=None):
+    """Compute ``roots``; returns one result per root.
+
+    Scalar roots (shape ``()``) return a NumPy scalar. Other roots are written by
+    the sink ``make_sinks(root, tile)`` returns (default: scratch, after which the
+    root node stands for its stored result).
+    """
+    roots = list(roots)
+    p = plan(roots)
+    ex = Executor(p)
+    root_ids = {id(r.resolved()): i for i, r in enumerate(roots)}
+    results = [None] * len(roots)
+    for i, r in enumerate(roots):
+        rr = r.resolved()
+        if not isinstance(rr, OpNode):
+            if rr.shape == ():
+                results[i] = np.asarray(ex.tile_of(rr, ()))
+            elif make_sinks is not None:
+                results[i] = _copy(ex, rr, make_sinks(r, p.tile))
+            else:
+                results[i] = rr
+    for node in p.stages:
+        i = root_ids.get(id(node))
+        if node.shape == () and i is not None:
+            try:
+                results[i] = np.asarray(ex.tile_of(node, ()))
+            except Exception as e:
+                e.add_note(f"while computing {p.prepared[id(node)].name} {node.dtype} scalar")
+                raise
+            continue
+        sink = make_sinks(node, p.tile) if (i is not None and make_sinks is not None) else ScratchSink(node, p.tile)
+        try:
+            ex.compute(node, sink)
+        except BaseException:
+            sink.abort()
+            raise
+        out = sink.finish()
+        if i is not None:
+            results[i] = out
+    return results
+
+
+def _copy(ex: Executor, node: Node, sink):
+    """Stream an already stored (or zero) node into a sink, tile by tile."""
+    try:
+        for idx in itertools.product(*map(range, grid(node.shape, ex.tile))):
+            sink.write(region(idx, node.shape, ex.tile), np.asarray(ex.tile_of(node, idx)))
+            _count(tiles=1)
+    except BaseException:
+        sink.abort()
+        raise
+    return sink.finish()

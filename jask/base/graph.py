@@ -1,0 +1,145 @@
+"""The lazy tile graph: nodes that say how to compute an array, tile by tile.
+
+Ops never compute when called; they add an :class:`OpNode`. A sink
+(``materialize``, ``to_zarr``, ``update_``, a scalar result such as ``sum``)
+hands its node to :mod:`jask.base.executor`, which plans and runs the graph.
+Once an ``OpNode`` is computed it keeps only its stored result and lets go of
+its inputs, so upstream scratch stores can be freed.
+"""
+from __future__ import annotations
+
+import dataclasses
+import itertools
+import threading
+import weakref
+from typing import Any
+
+import numpy as np
+
+
+class Node:
+    """Base of all graph nodes: an array's static facts."""
+
+    shape: tuple[int, ...]
+    dtype: np.dtype
+    handle: int | None = None
+
+    def __init__(self, shape, dtype):
+        self.shape = tuple(int(d) for d in shape)
+        self.dtype = np.dtype(dtype)
+
+    @property
+    def ndim(self) -> int:
+        return len(self.shape)
+
+    def resolved(self) -> "Node":
+        """The node to read from: a computed OpNode stands for its stored result."""
+        return self
+
+
+class StoredNode(Node):
+    """An array that exists on disk."""
+
+    def __init__(self, store):
+        super().__init__(store.shape, store.dtype)
+        self.store = store
+
+
+class ScalarNode(Node):
+    """A scalar operand (e.g. the traced factor of ``a * s``); every tile of it is the value."""
+
+    def __init__(self, value):
+        value = np.asarray(value)
+        super().__init__((), value.dtype)
+        self.value = value
+
+
+class ZerosNode(Node):
+    """An all-zero array that needs no storage (the zero gradient)."""
+
+
+@dataclasses.dataclass(frozen=True)
+class OpSpec:
+    """What to build an op from: its class and the keyword arguments for ``from_inputs``.
+
+    Hashable and value-equal, so it can sit in hijax primitive params and in the
+    io_callback host functions without forcing recompiles.
+    """
+
+    cls: type
+    kwargs: tuple[tuple[str, Any], ...] = ()
+    name: str = dataclasses.field(default="", compare=False)
+
+    def __post_init__(self):
+        if not self.name:
+            object.__setattr__(self, "name", self.cls.__name__.lower())
+
+    def build(self, tiled_inputs):
+        return self.cls.from_inputs(*tiled_inputs, **dict(self.kwargs))
+
+
+class OpNode(Node):
+    """An op applied to input nodes, not yet computed."""
+
+    def __init__(self, spec: OpSpec, inputs: tuple[Node, ...], shape, dtype):
+        super().__init__(shape, dtype)
+        self.spec = spec
+        self.inputs = tuple(inputs)
+        self.result: StoredNode | None = None
+
+    def resolved(self) -> Node:
+        return self.result if self.result is not None else self
+
+    def set_result(self, stored: StoredNode) -> None:
+        self.result = stored
+        self.inputs = ()
+
+
+class HandleTable:
+    """Maps the int32 handles that travel through compiled code back to nodes.
+
+    Under ``jit`` a DiskArray is lowered to one int32; host callbacks turn it back
+    into a node here. Entries are weak, so a node lives exactly as long as some
+    array or downstream node refers to it. Nodes created inside a compiled call
+    (intermediates no Python object holds) are also pinned in ``_young`` until
+    the call is over; :func:`jask.base.runtime.safe_point` releases them.
+    """
+
+    def __init__(self):
+        self._weak: weakref.WeakValueDictionary[int, Node] = weakref.WeakValueDictionary()
+        self._young: dict[int, Node] = {}
+        self._ids = itertools.count(1)
+        self._lock = threading.Lock()
+
+    def handle_of(self, node: Node, pin: bool = False) -> int:
+        with self._lock:
+            if node.handle is None:
+                node.handle = next(self._ids)
+                if node.handle >= 2**31:
+                    raise OverflowError("jask ran out of int32 array handles")
+                self._weak[node.handle] = node
+            if pin:
+                self._young[node.handle] = node
+            return node.handle
+
+    def lookup(self, handle) -> Node:
+        h = int(np.asarray(handle))
+        node = self._weak.get(h)
+        if node is None:
+            raise RuntimeError(
+                f"jask array handle {h} refers to an array that no longer exists; "
+                "was a DiskArray captured by a jitted function and then deleted?")
+        return node
+
+    def release_young(self) -> int:
+        with self._lock:
+            n = len(self._young)
+            self._young.clear()
+            return n
+
+    @property
+    def young(self) -> int:
+        return len(self._young)
+
+
+handles = HandleTable()

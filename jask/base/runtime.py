@@ -1,0 +1,96 @@
+"""Crossing between traced JAX code and host-side graph building.
+
+Every op's hijax ``expand`` calls :func:`host_call`. With concrete arguments
+(eager mode) the host function runs directly; under tracing it is staged as an
+ordered ``io_callback`` whose arguments are int32 handles and scalars, so the
+compiled program never carries array data. Host functions are frozen
+dataclasses: hashable and value-equal, so identical ops reuse compiled code.
+"""
+from __future__ import annotations
+
+import dataclasses
+import threading
+
+import jax
+import numpy as np
+
+from jask.base.compat import is_traced
+from jask.base.graph import Node, handles
+
+_state = threading.local()
+_active_callbacks = 0
+_lock = threading.Lock()
+
+
+def in_callback() -> bool:
+    return _active_callbacks > 0
+
+
+def safe_point() -> None:
+    """Release nodes pinned by finished compiled calls.
+
+    Called on the user's thread at op calls and sinks, never inside a callback.
+    ``jax.effects_barrier`` first waits for any dispatched computation that may
+    still look handles up.
+    """
+    if handles.young and not in_callback():
+        jax.effects_barrier()
+        handles.release_young()
+
+
+@dataclasses.dataclass(frozen=True)
+class TracedCall:
+    """Adapter run inside ``io_callback``: handles in, nodes to the host function, handles out."""
+
+    fn: object
+    array_in: tuple[bool, ...]
+    array_out: tuple[bool, ...]
+
+    def __call__(self, *args):
+        global _active_callbacks
+        with _lock:
+            _active_callbacks += 1
+        try:
+            resolved = [handles.lookup(a) if is_arr else np.asarray(a)
+                        for a, is_arr in zip(args, self.array_in)]
+            outs = self.fn(*resolved)
+            return tuple(np.int32(handles.handle_of(o, pin=True)) if is_arr else np.asarray(o)
+                         for o, is_arr in zip(outs, self.array_out))
+        finally:
+            with _lock:
+                _active_callbacks -= 1
+
+
+def host_call(fn, out_avals, args, array_in):
+    """Run ``fn`` on host values; returns a tuple with one entry per ``out_avals``.
+
+    ``args`` holds, per input, a Node (eager), a traced int32 handle, or a scalar.
+    ``out_avals`` holds the DiskArray type (a node comes back) or a ShapedArray
+    (a value comes back) of each output.
+    """
+    from jask.base.array import DiskArrayType, DiskArray
+    array_out = tuple(isinstance(a, DiskArrayType) for a in out_avals)
+    if not any(is_traced(a) for a in args):
+        outs = fn(*args)
+        return tuple(DiskArray(node=o) if is_arr else jax.numpy.asarray(o, dtype=a.dtype)
+                     for o, a, is_arr in zip(outs, out_avals, array_out))
+    results = [jax.ShapeDtypeStruct((), np.int32) if is_arr else jax.ShapeDtypeStruct(a.shape, a.dtype)
+               for a, is_arr in zip(out_avals, array_out)]
+    outs = jax.experimental.io_callback(TracedCall(fn, tuple(array_in), array_out), tuple(results),
+                                        *args, ordered=True)
+    return tuple(DiskArray(aval=a, handle=o) if is_arr else o
+                 for o, a, is_arr in zip(outs, out_avals, array_out))
+
+
+def ref_of(x):
+    """What a host function receives for one argument: a Node, a traced handle, or a scalar."""
+    from jask.base.array import DiskArray
+    if isinstance(x, DiskArray):
+        return x._node if x._node is not None else x._handle
+    return x
+
+
+def as_node(x) -> Node:
+    """Host side: a resolved argument as a graph node (scalars become ScalarNodes)."""
+    from jask.base.graph import ScalarNode
+    return x if isinstance(x, Node) else ScalarNode(x)

@@ -1,0 +1,90 @@
+"""Runtime settings: memory budget, scratch location, backend, forced tile size.
+
+One mutable ``Config`` instance, changed through :func:`update` or
+:func:`set_memory_budget`; every planner and executor call reads it fresh, so a
+change applies to the next execution.
+"""
+from __future__ import annotations
+
+import dataclasses
+import os
+import re
+
+_UNITS = {
+    "": 1, "b": 1,
+    "kb": 10**3, "mb": 10**6, "gb": 10**9, "tb": 10**12,
+    "kib": 2**10, "mib": 2**20, "gib": 2**30, "tib": 2**40,
+}
+BACKENDS = ("auto", "xla", "pallas", "pallas-interpret")
+
+
+def parse_bytes(value) -> int:
+    """Parse ``512MB``, ``1.5GiB`` or a plain integer into a byte count."""
+    if isinstance(value, bool):
+        raise TypeError(f"memory size must be an int or a string like '512MB', got {value!r}")
+    if isinstance(value, int):
+        n = value
+    elif isinstance(value, str):
+        m = re.fullmatch(r"\s*([0-9]*\.?[0-9]+)\s*([a-zA-Z]*)\s*", value)
+        if not m or m.group(2).lower() not in _UNITS:
+            raise ValueError(f"cannot parse memory size {value!r}; use e.g. '512MB' or '2GiB'")
+        n = int(float(m.group(1)) * _UNITS[m.group(2).lower()])
+    else:
+        raise TypeError(f"memory size must be an int or a string like '512MB', got {value!r}")
+    if n <= 0:
+        raise ValueError(f"memory size must be positive, got {value!r}")
+    return n
+
+
+@dataclasses.dataclass
+class Config:
+    """Current settings. ``tile`` forces the tile edge (None: derive from the budget)."""
+
+    memory_budget: int = parse_bytes(os.environ.get("JASK_MEMORY_BUDGET", "512MB"))
+    scratch_dir: str | None = os.environ.get("JASK_SCRATCH_DIR") or None
+    allow_tmpfs: bool = False
+    backend: str = os.environ.get("JASK_BACKEND", "auto")
+    tile: int | None = None
+    fusion: bool = True
+    progress: bool = False
+
+
+config = Config()
+
+
+def update(name: str, value) -> None:
+    """Set one setting, e.g. ``jask.config.update("tile", 64)``."""
+    if not hasattr(config, name):
+        names = ", ".join(f.name for f in dataclasses.fields(Config))
+        raise ValueError(f"unknown jask setting {name!r}; known settings: {names}")
+    if name == "memory_budget":
+        value = parse_bytes(value)
+    elif name == "backend" and value not in BACKENDS:
+        raise ValueError(f"unknown backend {value!r}; choose one of {BACKENDS}")
+    elif name == "tile" and value is not None:
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            raise ValueError(f"tile must be a positive int or None, got {value!r}")
+    elif name == "scratch_dir" and value is not None:
+        from jask.io import scratch
+        scratch.check_scratch_dir(value, config.allow_tmpfs)
+    setattr(config, name, value)
+
+
+def set_memory_budget(budget, scratch_dir=None, allow_tmpfs: bool = False) -> None:
+    """Set the memory budget tile shapes are derived from, and where scratch stores live.
+
+    Parameters
+    ----------
+    budget : int or str
+        Bytes, or a string such as ``"512MB"`` or ``"2GiB"``.
+    scratch_dir : str or path, optional
+        Directory for op outputs and gradients. Must be on a real disk: tmpfs and
+        ramfs count against RAM, so they are refused unless ``allow_tmpfs``.
+    """
+    n = parse_bytes(budget)
+    if scratch_dir is not None:
+        from jask.io import scratch
+        scratch.check_scratch_dir(os.fspath(scratch_dir), allow_tmpfs)
+        config.scratch_dir = os.fspath(scratch_dir)
+    config.allow_tmpfs = allow_tmpfs
+    config.memory_budget = n

@@ -1,0 +1,1 @@
+"""Disk side of jask: Zarr stores, scratch space, atomic commits."""

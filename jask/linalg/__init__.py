@@ -1,0 +1,1 @@
+"""Public ops, one short file each."""

@@ -1,0 +1,26 @@
+"""Elementwise sum."""
+from jask.base import BlockParallelOp
+from jask.base.base_algo import make_op
+from jask.linalg._checks import same_shape
+
+
+class Add(BlockParallelOp):
+    """a + b elementwise."""
+
+    def forward_block(self, a_block, b_block):
+        return a_block + b_block
+
+    def index_map(self, out_idx):
+        return [(out_idx, out_idx)]
+
+    def combine(self, acc, partial):
+        return acc + partial
+
+    def backward_block(self, d_out_block, a_block, b_block):
+        return (d_out_block, d_out_block)
+
+    def output_shape(self, a_shape, b_shape):
+        return same_shape("add", a_shape, b_shape)
+
+
+add = make_op(Add, doc="Elementwise sum of two disk-backed arrays of equal shape and dtype.")

@@ -1,0 +1,168 @@
+"""Sinks: the calls that make the lazy graph run (materialize, to_zarr, update_, persist)."""
+from __future__ import annotations
+
+import dataclasses
+import os
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from jask.base import compat, executor, runtime
+from jask.base.array import DiskArray, DiskArrayType, is_disk_array, type_of
+from jask.base.graph import StoredNode
+
+
+def _require(name, x):
+    if not is_disk_array(x):
+        raise TypeError(f"{name} expects a DiskArray, got {type(x).__name__}")
+
+
+def to_numpy(x: DiskArray) -> np.ndarray:
+    """Compute ``x`` into host memory (the whole array: meant for small results)."""
+    _require("np.asarray", x)
+    if compat.is_traced(x) or x._node is None:
+        raise TypeError("cannot convert a traced DiskArray to NumPy inside jit; use jask.materialize")
+    runtime.safe_point()
+    (out,) = executor.run([x._node], lambda node, tile: executor.MemorySink(node, tile))
+    return np.asarray(out)
+
+
+@dataclasses.dataclass(frozen=True)
+class _ToMemory:
+    def __call__(self, node):
+        return executor.run([node], lambda n, tile: executor.MemorySink(n, tile))
+
+
+class MaterializePrimitive(compat.VJPHiPrimitive):
+    """``materialize`` under jit: the one op whose output is a full in-memory array, by request."""
+
+    def __init__(self, in_type):
+        self.in_avals = (in_type,)
+        self.out_aval = compat.ShapedArray(in_type.shape, in_type.dtype)
+        self.params = dict(signature=in_type)
+        super().__init__()
+
+    def expand(self, x):
+        (out,) = runtime.host_call(_ToMemory(), (self.out_aval,), [runtime.ref_of(x)], [True])
+        return out
+
+    def vjp_fwd(self, nzs, x):
+        return self(x), None
+
+    def vjp_bwd_retval(self, res, g):
+        from jask.sources import from_numpy
+        if compat.is_traced(g):
+            raise NotImplementedError("the gradient of jask.materialize under jit is not supported")
+        return (from_numpy(np.asarray(g)),)
+
+
+def materialize(x) -> jax.Array:
+    """Compute a DiskArray into one in-memory ``jax.Array``.
+
+    The only call that builds a whole array in memory, so use it for results
+    that fit. Works eagerly and under ``jit``.
+    """
+    _require("materialize", x)
+    if not compat.is_traced(x):
+        runtime.safe_point()
+    return MaterializePrimitive(type_of(x))(x)
+
+
+def to_zarr(x, path, overwrite: bool = False, chunks=None, compressors=None) -> None:
+    """Write ``x`` to a Zarr v3 array at ``path``; it appears only once complete.
+
+    An existing ``path`` is refused unless ``overwrite=True``, in which case the
+    old array stays readable until the new one is complete.
+    """
+    _require("to_zarr", x)
+    if compat.is_traced(x):
+        raise TypeError("to_zarr cannot run inside jit; return the DiskArray and write it afterwards")
+    path = os.path.abspath(os.fspath(path))
+    if os.path.exists(path) and not overwrite:
+        raise FileExistsError(f"to_zarr: {path} already exists; pass overwrite=True to replace it")
+    if chunks is not None:
+        chunks = tuple(int(c) for c in chunks)
+        if len(chunks) != x.ndim or any(c < 1 for c in chunks):
+            raise ValueError(f"to_zarr: chunks {chunks} do not fit an array of shape {x.shape}")
+    runtime.safe_point()
+    (result,) = executor.run([x._node], lambda node, tile: executor.PathSink(
+        node, tile, path, overwrite=overwrite, chunks=chunks, compressors=compressors))
+    store, old_aside = result
+    if old_aside is not None:
+        from jask.io.store import _remove_tree
+        _remove_tree(old_aside)
+
+
+def update_(target: DiskArray, new_value) -> None:
+    """Replace ``target``'s contents with ``new_value``, keeping its type (so ``jit`` does not retrace).
+
+    The new value is computed completely before anything is replaced. For a
+    user store opened with ``mode="r+"`` the folder is swapped atomically: a
+    crash leaves the old or the new array, never a mix. Lazy arrays that were
+    computed from the old value keep seeing the old value.
+    """
+    if not isinstance(target, DiskArray) or target._node is None:
+        raise TypeError("update_ must be called eagerly on a DiskArray (not inside jit)")
+    _require("update_", new_value)
+    if compat.is_traced(new_value) or new_value._node is None:
+        raise TypeError("update_ needs a concrete new value; call it outside jit with the jitted step's result")
+    if new_value.shape != target.shape or new_value.dtype != target.dtype:
+        raise ValueError(f"update_: new value has shape {new_value.shape} and dtype {new_value.dtype}, "
+                         f"but the array has shape {target.shape} and dtype {target.dtype}")
+    old = target._node.resolved()
+    runtime.safe_point()
+    if isinstance(old, StoredNode) and not old.store.owned:
+        if not old.store.writable:
+            raise ValueError(f"update_: the store at {old.store.path} was opened read-only; "
+                             "open it with jask.from_zarr(path, mode='r+') to update it")
+        old_store = old.store
+        (result,) = executor.run([new_value._node], lambda node, tile: executor.PathSink(
+            node, tile, old_store.path, overwrite=True, writable=True, chunks=old_store.chunks))
+        store, old_aside = result
+        old_store.become_scratch(old_aside)
+        target._node = StoredNode(store)
+        return
+    # Stored values are immutable, so the target may share the new value's storage.
+    (stored,) = executor.run([new_value._node])
+    target._node = stored
+
+
+@dataclasses.dataclass(frozen=True)
+class _Persist:
+    def __call__(self, *nodes):
+        return tuple(executor.run(nodes))
+
+
+class PersistPrimitive(compat.VJPHiPrimitive):
+    """``persist`` under jit: compute arrays into scratch now; the identity for gradients."""
+
+    def __init__(self, types):
+        self.in_avals = tuple(types)
+        self.out_aval = tuple(types)
+        self.params = dict(signature=tuple(types))
+        super().__init__()
+
+    def expand(self, *xs):
+        return runtime.host_call(_Persist(), self.out_aval, [runtime.ref_of(x) for x in xs], [True] * len(xs))
+
+    def vjp_fwd(self, nzs, *xs):
+        return self(*xs), None
+
+    def vjp_bwd_retval(self, res, gs):
+        return tuple(gs)
+
+
+def persist(*arrays):
+    """Compute lazy arrays into scratch storage now, in one pass, and return the stored arrays.
+
+    Use it for values that later steps read many times, such as optimizer
+    moments, so each step does not recompute a growing chain. Shared inputs of
+    the arrays are computed once. Works under ``jit``; its gradient is the identity.
+    """
+    for x in arrays:
+        _require("persist", x)
+    if not any(compat.is_traced(x) for x in arrays):
+        runtime.safe_point()
+    out = PersistPrimitive([type_of(x) for x in arrays])(*arrays)
+    return out[0] if len(arrays) == 1 else out

@@ -1,0 +1,76 @@
+"""Sources: DiskArrays from in-memory data or existing Zarr stores."""
+from __future__ import annotations
+
+import os
+
+import numpy as np
+
+from jask.base.array import DiskArray
+from jask.base.executor import block_shape, default_tile
+from jask.base.graph import StoredNode
+from jask.io import scratch
+from jask.io.store import PendingStore, open_existing
+
+SUPPORTED_KINDS = "fiub"
+
+
+def check_array_facts(name, shape, dtype):
+    """Refuse dtypes and shapes jask cannot tile, naming what is wrong."""
+    dtype = np.dtype(dtype)
+    if dtype.kind not in SUPPORTED_KINDS:
+        raise TypeError(f"{name}: dtype {dtype} is not supported; use a numeric or boolean dtype")
+    if any(d == 0 for d in shape):
+        raise ValueError(f"{name}: shape {tuple(shape)} has a zero-size dimension; jask arrays cannot be empty")
+
+
+def from_numpy(arr, chunks=None) -> DiskArray:
+    """Copy an in-memory array into a new scratch Zarr store.
+
+    Parameters
+    ----------
+    arr : array_like
+    chunks : tuple of int, optional
+        Zarr chunk shape; by default the tile shape the memory budget gives.
+    """
+    if isinstance(arr, DiskArray):
+        raise TypeError("from_numpy got a DiskArray; it is already disk-backed")
+    a = np.asarray(arr)
+    check_array_facts("from_numpy", a.shape, a.dtype)
+    if chunks is None:
+        chunks = block_shape(a.shape, default_tile(a.ndim, a.dtype.itemsize))
+    chunks = tuple(int(c) for c in chunks)
+    if len(chunks) != a.ndim or any(c < 1 for c in chunks):
+        raise ValueError(f"from_numpy: chunks {chunks} do not fit an array of shape {a.shape}")
+    pending = PendingStore(scratch.new_path("input"), a.shape, a.dtype, chunks)
+    try:
+        for idx in np.ndindex(*[-(-d // c) for d, c in zip(a.shape, chunks)]):
+            reg = tuple(slice(i * c, min((i + 1) * c, d)) for i, c, d in zip(idx, chunks, a.shape))
+            pending.write(reg, a[reg])
+    except BaseException:
+        pending.abort()
+        raise
+    store, _ = pending.commit(owned=True)
+    return DiskArray(node=StoredNode(store))
+
+
+def from_zarr(path_or_array, mode: str = "r") -> DiskArray:
+    """Open an existing Zarr array without copying it.
+
+    Parameters
+    ----------
+    path_or_array : str, path or zarr.Array
+        A local Zarr array folder, or an opened ``zarr.Array`` on a local store.
+    mode : {"r", "r+"}
+        ``"r+"`` allows :meth:`DiskArray.update_` to replace its contents.
+    """
+    path = path_or_array
+    if not isinstance(path, (str, os.PathLike)):
+        store = getattr(path_or_array, "store", None)
+        root = getattr(store, "root", None)
+        if root is None:
+            raise TypeError(f"from_zarr expects a path or a zarr.Array on a local store, "
+                            f"got {type(path_or_array).__name__}")
+        path = os.path.join(str(root), getattr(path_or_array, "path", "") or "")
+    store = open_existing(os.fspath(path), mode)
+    check_array_facts(f"from_zarr({store.path!r})", store.shape, store.dtype)
+    return DiskArray(node=StoredNode(store))
