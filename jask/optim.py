@@ -1,0 +1,130 @@
+"""Optimizers over DiskArray parameters, as ``optax.GradientTransformation``s.
+
+Stock optax transforms call ``jnp`` functions (``jnp.zeros_like``, ``jnp.sqrt``)
+on every leaf, which cannot dispatch to a disk-backed type without reading it
+into memory. These transforms keep optax's interface and state layout (so they
+chain with optax's pure-scalar wrappers and plug into ``optax``-style loops)
+but compute with jask ops, tile by tile. Moments are ``persist``-ed each step:
+one pass writes both, and the next step reads them instead of recomputing a
+growing chain.
+"""
+from __future__ import annotations
+
+from typing import NamedTuple
+
+import jax
+import jax.numpy as jnp
+import optax
+
+from jask.base import BlockParallelOp
+from jask.base.array import DiskArray, is_disk_array, type_of, zeros_node
+from jask.base.base_algo import make_op
+from jask.linalg.add import add
+from jask.linalg.mul import mul
+from jask.linalg.square import square
+from jask.sinks import persist
+
+
+class AdamDirection(BlockParallelOp):
+    """m / (sqrt(v) + eps), elementwise: Adam's step direction."""
+
+    def __init__(self, eps=1e-8):
+        self.eps = eps
+
+    def forward_block(self, m_block, v_block):
+        return (m_block / (jnp.sqrt(v_block) + self.eps)).astype(m_block.dtype)
+
+    def index_map(self, out_idx):
+        return [(out_idx, out_idx)]
+
+    def combine(self, acc, partial):
+        return acc + partial
+
+    def backward_block(self, d_out_block, m_block, v_block):
+        _, vjp = jax.vjp(self.forward_block, m_block, v_block)
+        return vjp(d_out_block)
+
+    def output_shape(self, m_shape, v_shape):
+        if m_shape != v_shape:
+            raise ValueError(f"adam_direction got incompatible shapes {m_shape}, {v_shape}")
+        return m_shape
+
+
+adam_direction = make_op(AdamDirection, doc="Adam's direction m / (sqrt(v) + eps).")
+
+
+def zeros_like(x) -> DiskArray:
+    """An all-zero DiskArray with ``x``'s shape and dtype; needs no storage."""
+    t = type_of(x)
+    return DiskArray(node=zeros_node(t.shape, t.dtype))
+
+
+class ScaleByAdamState(NamedTuple):
+    count: jax.Array
+    mu: optax.Updates
+    nu: optax.Updates
+
+
+def _leaves(tree):
+    return jax.tree.leaves(tree, is_leaf=is_disk_array)
+
+
+def _map(f, *trees):
+    return jax.tree.map(f, *trees, is_leaf=is_disk_array)
+
+
+def adam(learning_rate, b1: float = 0.9, b2: float = 0.999, eps: float = 1e-8) -> optax.GradientTransformation:
+    """Adam (Kingma & Ba) for DiskArray parameters.
+
+    Parameters
+    ----------
+    learning_rate : float or callable
+        A constant, or an optax schedule ``count -> scalar``.
+    """
+
+    def init_fn(params):
+        return ScaleByAdamState(jnp.zeros([], jnp.int32), _map(zeros_like, params), _map(zeros_like, params))
+
+    def update_fn(updates, state, params=None):
+        del params
+        count = optax.safe_increment(state.count) if hasattr(optax, "safe_increment") else state.count + 1
+        mu = _map(lambda g, m: add(mul(m, b1), mul(g, 1.0 - b1)), updates, state.mu)
+        nu = _map(lambda g, v: add(mul(v, b2), mul(square(g), 1.0 - b2)), updates, state.nu)
+        stored = persist(*_leaves(mu), *_leaves(nu))
+        stored = stored if isinstance(stored, tuple) else (stored,)
+        treedef = jax.tree.structure(mu, is_leaf=is_disk_array)
+        n = treedef.num_leaves
+        mu = jax.tree.unflatten(treedef, stored[:n])
+        nu = jax.tree.unflatten(treedef, stored[n:])
+        t = count.astype(jnp.float32)
+        c1 = 1.0 / (1.0 - jnp.float32(b1) ** t)
+        c2 = 1.0 / (1.0 - jnp.float32(b2) ** t)
+        lr = learning_rate(state.count) if callable(learning_rate) else learning_rate
+        step = _map(lambda m, v: mul(adam_direction(mul(m, c1), mul(v, c2), eps=eps),
+                                     -jnp.asarray(lr, jnp.float32)), mu, nu)
+        return step, ScaleByAdamState(count, mu, nu)
+
+    return optax.GradientTransformation(init_fn, update_fn)
+
+
+def sgd(learning_rate) -> optax.GradientTransformation:
+    """Plain gradient descent for DiskArray parameters."""
+
+    def init_fn(params):
+        return optax.EmptyState()
+
+    def update_fn(updates, state, params=None):
+        return _map(lambda g: mul(g, -float(learning_rate)), updates), state
+
+    return optax.GradientTransformation(init_fn, update_fn)
+
+
+def apply_updates(params, updates):
+    """``params + updates`` leaf by leaf (lazy); follow with :func:`update_params`."""
+    return _map(add, params, updates)
+
+
+def update_params(params, new_params) -> None:
+    """Commit new values into the parameter arrays in place (``update_``), keeping their identity."""
+    for p, q in zip(_leaves(params), _leaves(new_params)):
+        p.update_(q)
