@@ -94,10 +94,16 @@ class Stats:
     arrays_written: int = 0
     io_seconds: float = 0.0
     compute_seconds: float = 0.0
+    plans: int = 0
+    peak_projected_bytes: int = 0
 
     def add(self, **counts) -> None:
         for k, v in counts.items():
             setattr(self, k, getattr(self, k) + v)
+
+    def saw_plan(self, p: "Plan") -> None:
+        self.plans += 1
+        self.peak_projected_bytes = max(self.peak_projected_bytes, p.projected_bytes)
 
 
 _listeners: list[Stats] = []
@@ -171,7 +177,7 @@ def _collect(roots):
 
 def _leaves_and_ops(node: OpNode, fused_ids):
     """Distinct leaf inputs and op nodes evaluated while pulling one tile of ``node``."""
-    leaves, ops, stack, seen = set(), [node], [node], {id(node)}
+    leaves, ops, stack, seen = [], [node], [node], {id(node)}
     while stack:
         for inp in stack.pop().inputs:
             inp = inp.resolved()
@@ -182,12 +188,18 @@ def _leaves_and_ops(node: OpNode, fused_ids):
                 ops.append(inp)
                 stack.append(inp)
             elif not isinstance(inp, ScalarNode):
-                leaves.add(id(inp))
+                leaves.append(inp)
     return leaves, ops
 
 
 def _fused_group(node: OpNode, fused_ids):
     return _leaves_and_ops(node, fused_ids)[1][1:]
+
+
+def tile_bytes(nodes, tile: int) -> int:
+    """Bytes of the largest tile any of ``nodes`` has at this tile edge (at least 4 bytes per item)."""
+    return max((int(np.prod(block_shape(n.shape, tile), dtype=np.int64)) * max(n.dtype.itemsize, 4)
+                for n in nodes), default=0)
 
 
 def projected_bytes(stages, fused_ids, tile: int) -> int:
@@ -196,18 +208,14 @@ def projected_bytes(stages, fused_ids, tile: int) -> int:
     Per stage: ``SLOTS_PER_LEAF`` tiles for each distinct leaf input read while
     pulling one output tile, ``SLOTS_PER_OP`` for each op on the pull path
     (partial + accumulator), and ``SLOTS_FIXED`` for the finished tile and its
-    write. Every slot is charged the largest tile of the plan. Stages run one
+    write. Every slot is charged the largest tile of the stage. Stages run one
     after another, so the plan's peak is the largest stage.
     """
     peak = 0
     for node in stages:
         leaves, ops = _leaves_and_ops(node, fused_ids)
-        arrays = [node] + ops
-        widest = max(n.ndim for n in arrays)
-        itemsize = max(max(n.dtype.itemsize, 4) for n in arrays)
-        tile_bytes = min(tile, max(max(n.shape, default=1) for n in arrays)) ** widest * itemsize
         slots = SLOTS_PER_LEAF * len(leaves) + SLOTS_PER_OP * len(ops) + SLOTS_FIXED
-        peak = max(peak, slots * tile_bytes)
+        peak = max(peak, slots * tile_bytes(leaves + ops, tile))
     return peak
 
 
@@ -417,6 +425,8 @@ def run(roots, make_sinks=None):
     """
     roots = list(roots)
     p = plan(roots)
+    for listener in _listeners:
+        listener.saw_plan(p)
     ex = Executor(p)
     root_ids = {id(r.resolved()): i for i, r in enumerate(roots)}
     results = [None] * len(roots)

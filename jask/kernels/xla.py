@@ -17,7 +17,9 @@ class TileKernel:
 class XlaBackend:
     """Runs ``forward_block`` per entry and folds partials with ``combine``.
 
-    Only the accumulator and one entry's blocks are alive at a time; low
+    Only the accumulator and one entry's blocks are alive at a time: JAX
+    dispatches asynchronously, so before starting entry k+1 we wait for the
+    accumulator of entry k-1, keeping at most two entries in flight. Low
     precision partials are accumulated in float32 and cast back once.
     """
 
@@ -27,10 +29,12 @@ class XlaBackend:
         return TileKernel(op)
 
     def output_tile(self, kernel: TileKernel, entries, fetch, out_dtype):
-        acc = None
+        acc = previous = None
         for entry in entries:
+            if previous is not None:
+                previous.block_until_ready()
             partial = kernel.forward(*fetch(entry))
             if jnp.dtype(partial.dtype).itemsize < 4 and jnp.issubdtype(partial.dtype, jnp.floating):
                 partial = partial.astype(jnp.float32)
-            acc = partial if acc is None else kernel.combine(acc, partial)
+            previous, acc = acc, (partial if acc is None else kernel.combine(acc, partial))
         return None if acc is None else jnp.asarray(acc).astype(out_dtype)

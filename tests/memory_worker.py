@@ -1,0 +1,75 @@
+"""Subprocess body for the memory tests: run one workload, print peak RSS growth as JSON.
+
+Usage: python memory_worker.py WORKLOAD DATA_DIR BUDGET N
+Run WORKLOAD=make first: it writes two N x N float32 stores chunk by chunk in its own
+process, so the measuring process's lifetime peak RSS only reflects the workload.
+"""
+import json
+import os
+import resource
+import sys
+
+import numpy as np
+import zarr
+
+
+def rss_now() -> int:
+    with open("/proc/self/status") as f:
+        for line in f:
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1]) * 1024
+    raise RuntimeError("no VmRSS")
+
+
+def peak_rss() -> int:
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+
+
+def make(path, n, chunk, seed):
+    z = zarr.create_array(path, shape=(n, n), dtype="float32", chunks=(chunk, chunk), compressors=None)
+    rng = np.random.default_rng(seed)
+    for i in range(0, n, chunk):
+        z[i:i + chunk, :] = rng.standard_normal((min(chunk, n - i), n), dtype=np.float32)
+    return path
+
+
+def main():
+    workload, data_dir, budget, n = sys.argv[1], sys.argv[2], sys.argv[3], int(sys.argv[4])
+    import jax
+    import jask
+    jask.set_memory_budget(budget, scratch_dir=os.path.join(data_dir, "scratch"))
+    a_path = os.path.join(data_dir, "a.zarr")
+    b_path = os.path.join(data_dir, "b.zarr")
+    if workload == "make":
+        make(a_path, n, 512, 0)
+        make(b_path, n, 512, 1)
+        return
+    a, b = jask.from_zarr(a_path), jask.from_zarr(b_path)
+    # warm up compilation on a tiny array so the baseline includes JAX's own footprint
+    small = jask.from_numpy(np.ones((8, 8), np.float32))
+    float(jask.sum(jask.square(small - small)))
+    np.asarray(jax.jit(jax.grad(lambda x, y: jask.sum(jask.square(x - y))))(small, small))
+    from jask.base import executor
+    stats = executor.Stats()
+    executor._listeners.append(stats)
+    base = rss_now()
+    if workload == "sum":
+        value = float(jask.sum(a))
+    elif workload == "grad":
+        f = jax.jit(jax.grad(lambda x, y: jask.sum(jask.square(x - y)), argnums=(0, 1)))
+        da, db = f(a, b)
+        da, db = jask.persist(da, db)
+        value = float(jask.sum(da)) + float(jask.sum(db))
+    elif workload == "add":
+        (a + b).to_zarr(os.path.join(data_dir, "c.zarr"), overwrite=True)
+        value = 0.0
+    else:
+        raise SystemExit(f"unknown workload {workload}")
+    print(json.dumps(dict(workload=workload, growth=peak_rss() - base, base=base,
+                          projected=stats.peak_projected_bytes, budget=jask.config.config.memory_budget,
+                          array_bytes=a.nbytes, bytes_read=stats.bytes_read,
+                          bytes_written=stats.bytes_written, value=value)))
+
+
+if __name__ == "__main__":
+    main()

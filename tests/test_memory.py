@@ -1,0 +1,34 @@
+"""Peak memory stays within the budget on arrays several times the budget (subprocesses)."""
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+WORKER = os.path.join(os.path.dirname(__file__), "memory_worker.py")
+N = 8192                     # 256 MiB per float32 array
+BUDGET = 32_000_000          # 8x smaller than one input
+SLACK = 150 * 2**20          # allowed RSS growth beyond the budget (allocator, JAX runtime)
+
+
+def _run(workload, data_dir):
+    out = subprocess.run([sys.executable, WORKER, workload, str(data_dir), str(BUDGET), str(N)],
+                         check=True, capture_output=True, text=True, timeout=600)
+    return json.loads(out.stdout.strip().splitlines()[-1]) if workload != "make" else None
+
+
+@pytest.fixture(scope="module")
+def data_dir(tmp_path_factory):
+    d = tmp_path_factory.mktemp("memory")
+    _run("make", d)
+    return d
+
+
+@pytest.mark.parametrize("workload", ["sum", "grad", "add"])
+def test_peak_rss_within_budget(workload, data_dir):
+    r = _run(workload, data_dir)
+    assert r["array_bytes"] >= 8 * r["budget"]
+    assert 0 < r["projected"] <= r["budget"]
+    assert r["growth"] <= r["budget"] + SLACK, r
+    assert r["bytes_read"] >= r["array_bytes"], "the workload must really have streamed the input"
