@@ -37,7 +37,7 @@ def from_numpy(arr, chunks=None) -> DiskArray:
     a = np.asarray(arr)
     check_array_facts("from_numpy", a.shape, a.dtype)
     if chunks is None:
-        chunks = block_shape(a.shape, default_tile(a.ndim, a.dtype.itemsize))
+        chunks = block_shape(a.shape, default_tile(a.shape, a.dtype.itemsize))
     chunks = tuple(int(c) for c in chunks)
     if len(chunks) != a.ndim or any(c < 1 for c in chunks):
         raise ValueError(f"from_numpy: chunks {chunks} do not fit an array of shape {a.shape}")

@@ -168,7 +168,7 @@ class DiskArray:
         if isinstance(node, StoredNode):
             return node.store.chunks
         from jask.base.executor import block_shape, default_tile
-        return block_shape(self.shape, default_tile(self.ndim, self.dtype.itemsize))
+        return block_shape(self.shape, default_tile(self.shape, self.dtype.itemsize))
 
     @property
     def path(self) -> str | None:

@@ -64,9 +64,8 @@ def freeze(value):
 def call_time_op(spec: OpSpec, types):
     """Build the op for the default tiling, to validate inputs and learn the output shape."""
     from jask.base.executor import block_shape, default_tile
-    widest = max((t.ndim for t in types), default=0)
-    itemsize = max((t.dtype.itemsize for t in types), default=4)
-    tile = default_tile(widest, itemsize)
+    biggest = max(types, key=lambda t: t.size)
+    tile = default_tile(biggest.shape, biggest.dtype.itemsize)
     return spec.build([TiledInput(t.shape, t.dtype, block_shape(t.shape, tile)) for t in types])
 
 

@@ -38,7 +38,7 @@ from jask.base.op import TiledInput
 
 MAX_TILE_ELEMENTS = 2**24  # 64 MiB of float32: bigger tiles stop paying off
 MIN_TILE_EDGE = 8
-SLOTS_PER_LEAF = 2         # the decoded Zarr chunk plus the array handed to the kernel
+SLOTS_PER_LEAF = 4         # raw chunk bytes, the assembled region, the device copy, one read ahead
 SLOTS_PER_OP = 2           # one partial and one accumulator per op on the pull path
 SLOTS_FIXED = 2            # the finished output tile and its write buffer
 
@@ -61,22 +61,28 @@ def tiled(node: Node, tile: int) -> TiledInput:
     return TiledInput(node.shape, node.dtype, block_shape(node.shape, tile))
 
 
-def largest_tile(ndim: int) -> int:
-    """Largest power-of-two edge whose ndim-cube stays under MAX_TILE_ELEMENTS."""
-    if ndim == 0:
-        return MIN_TILE_EDGE
-    edge = 2 ** int(math.log2(MAX_TILE_ELEMENTS) // ndim)
-    return max(edge, MIN_TILE_EDGE)
+def _elements(shape, tile: int) -> int:
+    return int(np.prod(block_shape(shape, tile), dtype=np.int64))
 
 
-def default_tile(ndim: int, itemsize: int, n_inputs: int = 2) -> int:
-    """Tile edge for arrays of this rank under the current budget (used for storage chunks)."""
+def first_tile(shapes) -> int:
+    """Smallest power-of-two edge that makes every array a single tile (the planner shrinks from here)."""
+    biggest = max((max(s, default=1) for s in shapes), default=1)
+    return 2 ** math.ceil(math.log2(max(biggest, 1)))
+
+
+def default_tile(shape, itemsize: int, n_inputs: int = 2) -> int:
+    """Tile edge an elementwise op over ``n_inputs`` arrays of this shape would get under the budget.
+
+    Used for the chunks of arrays jask writes, so storage chunks and tiles line up.
+    """
     from jask.config import config
     if config.tile is not None:
         return config.tile
     slots = SLOTS_PER_LEAF * n_inputs + SLOTS_PER_OP + SLOTS_FIXED
-    edge = largest_tile(ndim)
-    while edge > MIN_TILE_EDGE and slots * edge**max(ndim, 1) * itemsize > config.memory_budget:
+    edge = first_tile([shape])
+    while edge > MIN_TILE_EDGE and (_elements(shape, edge) > MAX_TILE_ELEMENTS
+                                    or slots * _elements(shape, edge) * max(itemsize, 4) > config.memory_budget):
         edge //= 2
     return edge
 
@@ -196,26 +202,28 @@ def _fused_group(node: OpNode, fused_ids):
     return _leaves_and_ops(node, fused_ids)[1][1:]
 
 
-def tile_bytes(nodes, tile: int) -> int:
-    """Bytes of the largest tile any of ``nodes`` has at this tile edge (at least 4 bytes per item)."""
-    return max((int(np.prod(block_shape(n.shape, tile), dtype=np.int64)) * max(n.dtype.itemsize, 4)
-                for n in nodes), default=0)
+def tile_bytes(node: Node, tile: int) -> int:
+    """Bytes of one full tile of ``node`` at this edge (items counted as at least 4 bytes: f32 accumulation)."""
+    return _elements(node.shape, tile) * max(node.dtype.itemsize, 4)
 
 
 def projected_bytes(stages, fused_ids, tile: int) -> int:
     """Projected peak bytes of executing ``stages`` with tile edge ``tile``.
 
-    Per stage: ``SLOTS_PER_LEAF`` tiles for each distinct leaf input read while
-    pulling one output tile, ``SLOTS_PER_OP`` for each op on the pull path
-    (partial + accumulator), and ``SLOTS_FIXED`` for the finished tile and its
-    write. Every slot is charged the largest tile of the stage. Stages run one
+    Per stage, each term charged at the tile size of the array it belongs to:
+    ``SLOTS_PER_LEAF`` tiles for each distinct leaf input read while pulling one
+    output tile (the decoded chunk and the array handed to the kernel),
+    ``SLOTS_PER_OP`` for each op on the pull path (partial and accumulator), and
+    ``SLOTS_FIXED`` output tiles (the finished tile and its write). Stages run one
     after another, so the plan's peak is the largest stage.
     """
     peak = 0
     for node in stages:
         leaves, ops = _leaves_and_ops(node, fused_ids)
-        slots = SLOTS_PER_LEAF * len(leaves) + SLOTS_PER_OP * len(ops) + SLOTS_FIXED
-        peak = max(peak, slots * tile_bytes(leaves + ops, tile))
+        need = (SLOTS_PER_LEAF * sum(tile_bytes(n, tile) for n in leaves)
+                + SLOTS_PER_OP * sum(tile_bytes(n, tile) for n in ops)
+                + SLOTS_FIXED * tile_bytes(node, tile))
+        peak = max(peak, need)
     return peak
 
 
@@ -267,10 +275,10 @@ def plan(roots) -> Plan:
     root_ids = {id(r.resolved()) for r in roots}
     backend = kernels.get_backend()
     every = list(order) + [i.resolved() for n in order for i in n.inputs]
-    widest = max((n.ndim for n in every), default=0)
-    biggest = max((max(n.shape, default=1) for n in every), default=1)
-    tile = config.tile or min(largest_tile(widest), 2 ** math.ceil(math.log2(max(biggest, 1))))
-    tile = max(tile, 1)
+    tile = config.tile or first_tile([n.shape for n in every])
+    while not config.tile and tile > MIN_TILE_EDGE and any(
+            _elements(n.shape, tile) > MAX_TILE_ELEMENTS for n in every):
+        tile //= 2
     while True:
         prepared = {id(n): _prepare(n, tile, backend, _prepared_cache) for n in order}
         consumer_of = {}

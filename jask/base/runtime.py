@@ -45,13 +45,17 @@ class TracedCall:
     fn: object
     array_in: tuple[bool, ...]
     array_out: tuple[bool, ...]
+    constants: tuple[tuple[int, Node], ...] = ()
 
     def __call__(self, *args):
         global _active_callbacks
         with _lock:
             _active_callbacks += 1
         try:
-            resolved = [handles.lookup(a) if is_arr else np.asarray(a)
+            args = list(args)
+            for pos, node in self.constants:
+                args.insert(pos, node)
+            resolved = [a if isinstance(a, Node) else handles.lookup(a) if is_arr else np.asarray(a)
                         for a, is_arr in zip(args, self.array_in)]
             outs = self.fn(*resolved)
             return tuple(np.int32(handles.handle_of(o, pin=True)) if is_arr else np.asarray(o)
@@ -76,8 +80,12 @@ def host_call(fn, out_avals, args, array_in):
                      for o, a, is_arr in zip(outs, out_avals, array_out))
     results = [jax.ShapeDtypeStruct((), np.int32) if is_arr else jax.ShapeDtypeStruct(a.shape, a.dtype)
                for a, is_arr in zip(out_avals, array_out)]
-    outs = jax.experimental.io_callback(TracedCall(fn, tuple(array_in), array_out), tuple(results),
-                                        *args, ordered=True)
+    # A concrete DiskArray closed over by a traced function is a constant of the
+    # compiled program, like any closed-over JAX array: the callback holds its node.
+    constants = tuple((i, a) for i, a in enumerate(args) if isinstance(a, Node))
+    traced_args = [a for a in args if not isinstance(a, Node)]
+    outs = jax.experimental.io_callback(TracedCall(fn, tuple(array_in), array_out, constants),
+                                        tuple(results), *traced_args, ordered=True)
     return tuple(DiskArray(aval=a, handle=o) if is_arr else o
                  for o, a, is_arr in zip(outs, out_avals, array_out))
 
