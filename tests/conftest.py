@@ -20,3 +20,4 @@ def small_tiles():
     """Tile edge 4: every test shape spans several tiles in every dimension."""
     jask.config.update("tile", 4)
     yield 4
+collect_ignore = ["memory_worker.py", "pytest_main.py"]

@@ -72,7 +72,7 @@ def call_time_op(spec: OpSpec, types):
 def output_type(spec: OpSpec, op, types):
     """The op's output type, with errors that name the op and the offending shapes and dtypes."""
     dtypes = [t.dtype for t in types]
-    if len(set(dtypes)) > 1 and type(op).output_dtype is BlockParallelOp.output_dtype:
+    if len(set(dtypes)) > 1 and type(op).output_dtype in (BlockParallelOp.output_dtype, CustomOp.output_dtype):
         raise TypeError(f"{spec.name} got mismatched dtypes {', '.join(d.name for d in dtypes)}; "
                         "jask does not promote implicitly: convert the inputs to one dtype")
     shape = op.output_shape(*[t.shape for t in types])
@@ -166,7 +166,8 @@ class ApplyBackward:
 
     def __call__(self, g, *inputs):
         nodes = tuple(runtime.as_node(x) for x in (g, *inputs))
-        return tuple(OpNode(OpSpec(GradOp, (("forward", self.spec), ("wrt", i)), name=f"grad[{self.spec.name}]"),
+        grad_cls = CustomGradOp if issubclass(self.spec.cls, CustomOp) else GradOp
+        return tuple(OpNode(OpSpec(grad_cls, (("forward", self.spec), ("wrt", i)), name=f"grad[{self.spec.name}]"),
                             nodes, inputs[i].shape, inputs[i].dtype)
                      for i in self.wanted)
 
@@ -212,6 +213,40 @@ class GradOp(BlockParallelOp):
 
     def output_dtype(self, *dtypes):
         return dtypes[1 + self.wrt]
+
+
+class CustomGradOp(CustomOp):
+    """Gradient of a CustomOp for input ``wrt``: runs its ``backward`` and keeps that input's tiles."""
+
+    def __init__(self, forward_op, wrt):
+        self.forward_op, self.wrt = forward_op, wrt
+
+    @classmethod
+    def from_inputs(cls, d_out, *inputs, forward, wrt):
+        return cls(forward.build(list(inputs)), wrt)
+
+    def forward(self, algo, d_out, *inputs):
+        self.forward_op.backward(_OneGradient(algo, self.wrt), inputs, d_out)
+
+    def output_shape(self, d_shape, *input_shapes):
+        return input_shapes[self.wrt]
+
+    def output_dtype(self, *dtypes):
+        return dtypes[1 + self.wrt]
+
+
+class _OneGradient:
+    """The algo a CustomOp's ``backward`` sees: ``write(idx, block, wrt=i)`` keeps only input ``wrt``."""
+
+    def __init__(self, algo, wrt):
+        self._algo, self._wrt = algo, wrt
+
+    def __getattr__(self, name):
+        return getattr(self._algo, name)
+
+    def write(self, idx, block, wrt=0):
+        if wrt == self._wrt:
+            self._algo.write(idx, block)
 
 
 def _check_inputs(name, inputs):

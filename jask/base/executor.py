@@ -34,7 +34,7 @@ import numpy as np
 
 from jask import kernels
 from jask.base.graph import Node, OpNode, ScalarNode, StoredNode, ZerosNode
-from jask.base.op import TiledInput
+from jask.base.op import CustomOp, TiledInput
 
 MAX_TILE_ELEMENTS = 2**24  # 64 MiB of float32: bigger tiles stop paying off
 MIN_TILE_EDGE = 8
@@ -258,7 +258,8 @@ def _prepare(node: OpNode, tile: int, backend, cache) -> Prepared:
     key = (node.spec, tuple(tiled(i.resolved(), tile) for i in node.inputs), backend.name)
     if key not in cache:
         op = node.spec.build(list(key[1]))
-        cache[key] = Prepared(op, backend.compile(op), node.spec.name)
+        kernel = None if isinstance(op, CustomOp) else backend.compile(op)
+        cache[key] = Prepared(op, kernel, node.spec.name)
         while len(cache) > _CACHE_SIZE:
             cache.pop(next(iter(cache)))
     return cache[key]
@@ -287,6 +288,8 @@ def plan(roots) -> Plan:
                 consumer_of[id(inp.resolved())] = n
         fused = [n for n in order
                  if config.fusion and id(n) not in root_ids and consumers[id(n)] == 1
+                 and not isinstance(prepared[id(n)].op, CustomOp)
+                 and not isinstance(prepared[id(consumer_of[id(n)])].op, CustomOp)
                  and _reads_each_tile_once(consumer_of[id(n)], prepared[id(consumer_of[id(n)])], n, tile)]
         fused_ids = {id(n) for n in fused}
         stages = [n for n in order if id(n) not in fused_ids]
@@ -341,6 +344,12 @@ class Executor:
         return out
 
     def compute(self, node: OpNode, sink) -> None:
+        op = self.plan.prepared[id(node)].op
+        if isinstance(op, CustomOp):
+            algo = OOCAlgorithm(self, node, sink)
+            op.forward(algo, *node.inputs)
+            algo.check_complete()
+            return
         for idx in itertools.product(*map(range, grid(node.shape, self.tile))):
             try:
                 tile = np.asarray(self.tile_of(node, idx))
@@ -352,6 +361,50 @@ class Executor:
             sink.write(region(idx, node.shape, self.tile), tile)
             _count(tiles=1, bytes_written=tile.nbytes if sink.counts_io else 0,
                    io_seconds=time.perf_counter() - t0)
+
+
+class OOCAlgorithm:
+    """The toolkit a :class:`CustomOp` gets: tile geometry, tile reads, output tile writes.
+
+    Inputs are passed to ``forward`` as opaque graph nodes; read them with
+    :meth:`read`. Every output tile must be written exactly once.
+    """
+
+    def __init__(self, ex: Executor, node: OpNode, sink):
+        self._ex, self._node, self._sink = ex, node, sink
+        self._written: set = set()
+
+    tile = property(lambda self: self._ex.tile)
+
+    def grid(self, x) -> tuple[int, ...]:
+        return grid(x.shape, self.tile)
+
+    def tiles(self, x):
+        """Block indices of ``x`` (an input, or ``None`` for the output), in row-major order."""
+        shape = self._node.shape if x is None else x.shape
+        return itertools.product(*map(range, grid(shape, self.tile)))
+
+    def read(self, x, idx):
+        """One block of input ``x``."""
+        return self._ex.tile_of(x, tuple(idx))
+
+    def write(self, idx, block) -> None:
+        """Write output tile ``idx``."""
+        idx = tuple(int(i) for i in idx)
+        expected = _block_at(self._node.shape, idx, self.tile)
+        block = np.asarray(block, self._node.dtype)
+        if block.shape != expected:
+            raise ValueError(f"{self._ex.plan.prepared[id(self._node)].name}: output tile {idx} has shape "
+                             f"{block.shape}, expected {expected}")
+        self._sink.write(region(idx, self._node.shape, self.tile), block)
+        self._written.add(idx)
+        _count(tiles=1, bytes_written=block.nbytes if self._sink.counts_io else 0)
+
+    def check_complete(self) -> None:
+        missing = [i for i in self.tiles(None) if i not in self._written]
+        if missing:
+            name = self._ex.plan.prepared[id(self._node)].name
+            raise ValueError(f"{name}.forward left {len(missing)} output tiles unwritten, e.g. {missing[0]}")
 
 
 def _block_at(shape, idx, tile) -> tuple[int, ...]:

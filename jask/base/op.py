@@ -75,13 +75,27 @@ class BlockParallelOp:
 class CustomOp:
     """An op that is not block-parallel (FFT, sort): write ``forward`` and ``backward`` directly.
 
-    ``forward(self, algo, *inputs)`` and ``backward(self, algo, inputs, d_out)``
-    get ``algo``, an :class:`jask.base.executor.OOCAlgorithm` toolkit for reading
-    and writing tiles. Unfinished: see the Roadmap in ``log.md``.
+    ``forward(self, algo, *inputs)`` writes every output tile with
+    ``algo.write(idx, block)``, reading inputs with ``algo.read(x, idx)``
+    (``algo`` is a :class:`jask.base.executor.OOCAlgorithm`).
+    ``backward(self, algo, inputs, d_out)`` writes gradient tiles with
+    ``algo.write(idx, block, wrt=i)``; it is run once per input whose gradient
+    is needed. ``output_shape`` is required as for BlockParallelOp. A CustomOp's
+    output is always stored, never fused. See the Roadmap in ``log.md``.
     """
 
     def forward(self, algo, *inputs):
-        raise NotImplementedError
+        raise NotImplementedError(f"{type(self).__name__} must implement forward")
 
     def backward(self, algo, inputs, d_out):
-        raise NotImplementedError
+        raise NotImplementedError(f"{type(self).__name__} must implement backward")
+
+    def output_shape(self, *input_shapes):
+        raise NotImplementedError(f"{type(self).__name__} must implement output_shape")
+
+    def output_dtype(self, *input_dtypes):
+        return input_dtypes[0]
+
+    @classmethod
+    def from_inputs(cls, *inputs, **kwargs):
+        return cls(**kwargs)
