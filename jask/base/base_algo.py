@@ -38,6 +38,7 @@ from __future__ import annotations
 import dataclasses
 from collections import defaultdict
 
+import jax
 import numpy as np
 
 from jask.base import compat, runtime
@@ -180,8 +181,9 @@ class GradOp(BlockParallelOp):
     the output tile and the forward entry that read this input tile.
     """
 
-    def __init__(self, forward_op, wrt, table):
+    def __init__(self, forward_op, wrt, table, unused_inputs=frozenset()):
         self.forward_op, self.wrt, self.table = forward_op, wrt, table
+        self.unused_inputs = unused_inputs
 
     @classmethod
     def from_inputs(cls, d_out, *inputs, forward, wrt):
@@ -193,7 +195,9 @@ class GradOp(BlockParallelOp):
             for entry in op.index_map(out_idx):
                 blocks = tuple(tuple(int(i) for i in b) for b in entry)
                 table[blocks[wrt]].append((tuple(out_idx), *blocks))
-        return cls(op, wrt, dict(table))
+        specs = [jax.ShapeDtypeStruct(t.block_shape, t.dtype) for t in (d_out, *inputs)]
+        unused = compat.unused_arguments(lambda *xs: op.backward_block(*xs)[wrt], specs)
+        return cls(op, wrt, dict(table), unused)
 
     def forward_block(self, d_out_block, *input_blocks):
         grads = self.forward_op.backward_block(d_out_block, *input_blocks)

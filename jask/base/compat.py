@@ -40,3 +40,18 @@ def wants_grad(accum) -> bool:
 def is_zero_cotangent(ct) -> bool:
     """True for JAX's symbolic zero cotangent."""
     return isinstance(ct, Zero)
+
+
+def unused_arguments(fn, arg_specs) -> frozenset[int]:
+    """Positions of arguments whose values ``fn`` never reads (shapes may still be used).
+
+    Traced abstractly (no data) and pruned with JAX's dead-code elimination; a
+    function that cannot be traced this way is assumed to read everything.
+    """
+    try:
+        from jax._src.interpreters import partial_eval as pe
+        closed = jax.make_jaxpr(fn)(*arg_specs)
+        _, used = pe.dce_jaxpr(closed.jaxpr, [True] * len(closed.jaxpr.outvars))
+    except Exception:  # untraceable backward_block, or a moved private API
+        return frozenset()
+    return frozenset(i for i, u in enumerate(used) if not u)

@@ -142,25 +142,33 @@ class Plan:
     prepared: dict[int, Prepared]
     projected_bytes: int
     budget: int
+    live: object = None
 
     def describe(self) -> str:
         lines = [f"plan: tile edge {self.tile}, projected peak {self.projected_bytes / 2**20:.1f} MiB "
                  f"of budget {self.budget / 2**20:.1f} MiB"]
         fused_ids = {id(n) for n in self.fused}
         for n in self.stages:
-            inner = [self.prepared[id(f)].name for f in _fused_group(n, fused_ids)]
+            inner = [self.prepared[id(f)].name for f in _leaves_and_ops(n, fused_ids, self.live)[1][1:]]
             extra = f" (fused: {', '.join(inner)})" if inner else ""
             lines.append(f"  {self.prepared[id(n)].name} -> {n.shape} {n.dtype}, "
                          f"grid {grid(n.shape, self.tile)}{extra}")
         return "\n".join(lines)
 
 
-def _collect(roots):
-    """Post-order list of pending OpNodes below ``roots``, and how often each is consumed."""
-    order, consumers, seen = [], defaultdict(int), set()
+def live_positions(node: OpNode, op) -> list[int]:
+    """Input positions whose values the op reads (``op.unused_inputs`` lists the others)."""
+    unused = getattr(op, "unused_inputs", ())
+    return [p for p in range(len(node.inputs)) if p not in unused]
+
+
+def _collect(roots, live=None):
+    """Post-order list of pending OpNodes below ``roots`` and, per node, the (consumer, position) edges.
+
+    ``live(node)`` gives the input positions to follow (default: all).
+    """
+    order, edges, seen = [], defaultdict(list), set()
     stack = [(r.resolved(), False) for r in roots]
-    for r in roots:
-        consumers[id(r.resolved())] += 1
     while stack:
         node, expanded = stack.pop()
         if not isinstance(node, OpNode) or node.result is not None:
@@ -173,20 +181,22 @@ def _collect(roots):
         if id(node) in seen:
             continue
         stack.append((node, True))
-        for inp in node.inputs:
-            inp = inp.resolved()
-            consumers[id(inp)] += 1
+        positions = live(node) if live else range(len(node.inputs))
+        for p in positions:
+            inp = node.inputs[p].resolved()
+            edges[id(inp)].append((node, p))
             if isinstance(inp, OpNode) and inp.result is None and id(inp) not in seen:
                 stack.append((inp, False))
-    return order, consumers
+    return order, edges
 
 
-def _leaves_and_ops(node: OpNode, fused_ids):
+def _leaves_and_ops(node: OpNode, fused_ids, live):
     """Distinct leaf inputs and op nodes evaluated while pulling one tile of ``node``."""
     leaves, ops, stack, seen = [], [node], [node], {id(node)}
     while stack:
-        for inp in stack.pop().inputs:
-            inp = inp.resolved()
+        current = stack.pop()
+        for p in live(current):
+            inp = current.inputs[p].resolved()
             if id(inp) in seen:
                 continue
             seen.add(id(inp))
@@ -198,16 +208,12 @@ def _leaves_and_ops(node: OpNode, fused_ids):
     return leaves, ops
 
 
-def _fused_group(node: OpNode, fused_ids):
-    return _leaves_and_ops(node, fused_ids)[1][1:]
-
-
 def tile_bytes(node: Node, tile: int) -> int:
     """Bytes of one full tile of ``node`` at this edge (items counted as at least 4 bytes: f32 accumulation)."""
     return _elements(node.shape, tile) * max(node.dtype.itemsize, 4)
 
 
-def projected_bytes(stages, fused_ids, tile: int) -> int:
+def projected_bytes(stages, fused_ids, tile: int, live) -> int:
     """Projected peak bytes of executing ``stages`` with tile edge ``tile``.
 
     Per stage, each term charged at the tile size of the array it belongs to:
@@ -219,7 +225,7 @@ def projected_bytes(stages, fused_ids, tile: int) -> int:
     """
     peak = 0
     for node in stages:
-        leaves, ops = _leaves_and_ops(node, fused_ids)
+        leaves, ops = _leaves_and_ops(node, fused_ids, live)
         need = (SLOTS_PER_LEAF * sum(tile_bytes(n, tile) for n in leaves)
                 + SLOTS_PER_OP * sum(tile_bytes(n, tile) for n in ops)
                 + SLOTS_FIXED * tile_bytes(node, tile))
@@ -242,16 +248,48 @@ def _entries(prep: Prepared, node: OpNode, out_idx):
     return entries
 
 
-def _reads_each_tile_once(consumer: OpNode, prep: Prepared, producer: Node, tile: int) -> bool:
-    positions = [p for p, inp in enumerate(consumer.inputs) if inp.resolved() is producer]
-    seen = set()
-    for out_idx in np.ndindex(*grid(consumer.shape, tile)):
-        for entry in _entries(prep, consumer, out_idx):
-            for p in positions:
-                if entry[p] in seen:
-                    return False
-                seen.add(entry[p])
-    return True
+def _tiles_read(consumer: OpNode, prep: Prepared, position: int, tile: int) -> list:
+    """Every block index the consumer reads at one input position, over all its output tiles."""
+    return [entry[position]
+            for out_idx in np.ndindex(*grid(consumer.shape, tile))
+            for entry in _entries(prep, consumer, out_idx)]
+
+
+def _one_entry_per_tile(node: OpNode, prep: Prepared, tile: int) -> bool:
+    return len(_entries(prep, node, (0,) * node.ndim)) == 1
+
+
+def _should_fuse(node, edges, prepared, fused_ids, tile, live) -> bool:
+    """Fuse (recompute per consumer tile) or materialize? The planner's one cost rule.
+
+    A node is fused only if each consumer reads each of its tiles at most once.
+    With a single consumer that is always cheaper than storing it. With ``c``
+    consumers, recomputing reads the node's leaves ``c`` times (``c * L`` array
+    sizes, where ``L`` is leaf bytes over the node's bytes), while storing costs
+    ``L`` (one read of the leaves) + 1 (the write) + ``c`` (reading it back).
+    Recompute only chains of one-entry-per-tile ops (elementwise work), never a
+    contraction, whose per-tile reads are far larger than ``L`` suggests.
+    """
+    if isinstance(prepared[id(node)].op, CustomOp):
+        return False
+    for consumer, p in edges:
+        if isinstance(prepared[id(consumer)].op, CustomOp):
+            return False
+        seen = _tiles_read(consumer, prepared[id(consumer)], p, tile)
+        if len(seen) != len(set(seen)):
+            return False
+    if len(edges) == 1:
+        return True
+    leaves, ops = _leaves_and_ops(node, fused_ids, live)
+    if not all(_one_entry_per_tile(n, prepared[id(n)], tile) for n in ops):
+        return False
+    ratio = sum(0 if isinstance(leaf, ZerosNode) else _nbytes(leaf) for leaf in leaves) / max(_nbytes(node), 1)
+    c = len(edges)
+    return c * ratio <= ratio + 1 + c
+
+
+def _nbytes(node: Node) -> int:
+    return int(np.prod(node.shape, dtype=np.int64)) * node.dtype.itemsize
 
 
 def _prepare(node: OpNode, tile: int, backend, cache) -> Prepared:
@@ -272,7 +310,7 @@ _prepared_cache: dict = {}
 def plan(roots) -> Plan:
     """Plan the computation of ``roots``; raises ``ValueError`` if it cannot fit the budget."""
     from jask.config import config
-    order, consumers = _collect(roots)
+    order, _ = _collect(roots)
     root_ids = {id(r.resolved()) for r in roots}
     backend = kernels.get_backend()
     every = list(order) + [i.resolved() for n in order for i in n.inputs]
@@ -282,20 +320,18 @@ def plan(roots) -> Plan:
         tile //= 2
     while True:
         prepared = {id(n): _prepare(n, tile, backend, _prepared_cache) for n in order}
-        consumer_of = {}
-        for n in order:
-            for inp in n.inputs:
-                consumer_of[id(inp.resolved())] = n
-        fused = [n for n in order
-                 if config.fusion and id(n) not in root_ids and consumers[id(n)] == 1
-                 and not isinstance(prepared[id(n)].op, CustomOp)
-                 and not isinstance(prepared[id(consumer_of[id(n)])].op, CustomOp)
-                 and _reads_each_tile_once(consumer_of[id(n)], prepared[id(consumer_of[id(n)])], n, tile)]
-        fused_ids = {id(n) for n in fused}
-        stages = [n for n in order if id(n) not in fused_ids]
-        need = projected_bytes(stages, fused_ids, tile)
+        live = lambda n: live_positions(n, prepared[id(n)].op)
+        live_order, edges = _collect(roots, live)
+        fused_ids = set()
+        for n in live_order:  # producers come before consumers
+            if (config.fusion and id(n) not in root_ids
+                    and _should_fuse(n, edges[id(n)], prepared, fused_ids, tile, live)):
+                fused_ids.add(id(n))
+        fused = [n for n in live_order if id(n) in fused_ids]
+        stages = [n for n in live_order if id(n) not in fused_ids]
+        need = projected_bytes(stages, fused_ids, tile, live)
         if need <= config.memory_budget:
-            return Plan(tile, list(roots), stages, fused, prepared, need, config.memory_budget)
+            return Plan(tile, list(roots), stages, fused, prepared, need, config.memory_budget, live)
         if config.tile is not None or tile <= MIN_TILE_EDGE:
             names = ", ".join(prepared[id(n)].name for n in stages)
             raise ValueError(
@@ -321,6 +357,13 @@ class Executor:
         _count(bytes_read=block.nbytes, io_seconds=time.perf_counter() - t0)
         return block
 
+    def placeholder(self, node: Node, idx):
+        """Zeros shaped like a block the op does not read (its shape may still matter)."""
+        node = node.resolved()
+        if isinstance(node, ScalarNode):
+            return np.zeros((), node.dtype)
+        return np.zeros(_block_at(node.shape, idx, self.tile), node.dtype)
+
     def tile_of(self, node: Node, idx):
         node = node.resolved()
         if isinstance(node, StoredNode):
@@ -331,7 +374,9 @@ class Executor:
             return np.zeros(_block_at(node.shape, idx, self.tile), node.dtype)
         prep = self.plan.prepared[id(node)]
         entries = _entries(prep, node, idx)
-        fetch = lambda entry: [self.tile_of(i, b) for i, b in zip(node.inputs, entry)]
+        unused = getattr(prep.op, "unused_inputs", ())
+        fetch = lambda entry: [self.placeholder(i, b) if p in unused else self.tile_of(i, b)
+                               for p, (i, b) in enumerate(zip(node.inputs, entry))]
         t0 = time.perf_counter()
         out = self.backend.output_tile(prep.kernel, entries, fetch, node.dtype)
         _count(kernel_calls=len(entries), compute_seconds=time.perf_counter() - t0)
