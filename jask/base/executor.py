@@ -87,6 +87,14 @@ def default_tile(shape, itemsize: int, n_inputs: int = 2) -> int:
     return edge
 
 
+def human_bytes(n: float) -> str:
+    for unit in ("B", "KiB", "MiB", "GiB"):
+        if abs(n) < 1024 or unit == "GiB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1024
+    return f"{n:.1f} GiB"
+
+
 # ---------------------------------------------------------------- statistics
 
 @dataclasses.dataclass
@@ -145,8 +153,8 @@ class Plan:
     live: object = None
 
     def describe(self) -> str:
-        lines = [f"plan: tile edge {self.tile}, projected peak {self.projected_bytes / 2**20:.1f} MiB "
-                 f"of budget {self.budget / 2**20:.1f} MiB"]
+        lines = [f"plan: tile edge {self.tile}, projected peak {human_bytes(self.projected_bytes)} "
+                 f"of budget {human_bytes(self.budget)}"]
         fused_ids = {id(n) for n in self.fused}
         for n in self.stages:
             inner = [self.prepared[id(f)].name for f in _leaves_and_ops(n, fused_ids, self.live)[1][1:]]
@@ -520,6 +528,48 @@ class MemorySink:
 
     def abort(self):
         pass
+
+
+def explain(*arrays) -> str:
+    """The plan a sink would run for these arrays: tile edge, stages, fused ops, projected memory."""
+    from jask.base.array import DiskArray
+    nodes = []
+    for x in arrays:
+        if not isinstance(x, DiskArray) or x._node is None:
+            raise TypeError("explain expects concrete DiskArrays (call it outside jit)")
+        nodes.append(x._node)
+    p = plan(nodes)
+    moved = _planned_io(p)
+    return p.describe() + f"\n  reads {human_bytes(moved[0])}, writes {human_bytes(moved[1])}"
+
+
+def _planned_io(p: Plan) -> tuple[int, int]:
+    """Bytes the plan reads from stored arrays and writes for its stages, by walking index maps."""
+    fused_ids = {id(n) for n in p.fused}
+    read = 0
+
+    def reads(node, idx):
+        nonlocal read
+        node = node.resolved()
+        if isinstance(node, StoredNode):
+            read += int(np.prod(_block_at(node.shape, idx, p.tile))) * node.dtype.itemsize
+        elif isinstance(node, OpNode) and (id(node) in fused_ids or node is current):
+            prep = p.prepared[id(node)]
+            live = set(live_positions(node, prep.op))
+            for entry in _entries(prep, node, idx):
+                for pos, (inp, b) in enumerate(zip(node.inputs, entry)):
+                    if pos in live:
+                        reads(inp, b)
+
+    written = 0
+    for current in p.stages:
+        if isinstance(p.prepared[id(current)].op, CustomOp):
+            continue
+        for idx in itertools.product(*map(range, grid(current.shape, p.tile))):
+            reads(current, idx)
+        if current.shape != ():
+            written += _nbytes(current)
+    return read, written
 
 
 def run(roots, make_sinks=None):
