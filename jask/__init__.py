@@ -1,7 +1,7 @@
 """jask: out-of-core, differentiable arrays for JAX, stored in Zarr."""
 from jask import config
 from jask.base.array import DiskArray
-from jask.base.executor import Stats
+from jask.base.executor import Stats, explain
 from jask.config import set_memory_budget
 from jask.io.scratch import cleanup_scratch
 from jask.linalg.add import add
@@ -11,13 +11,14 @@ from jask.linalg.square import square
 from jask.linalg.sub import sub
 from jask.linalg.sum import sum  # noqa: A004
 from jask.linalg.transpose import transpose
+from jask.profile import profile
 from jask.sinks import materialize, persist, to_zarr, update_
 from jask.sources import from_numpy, from_zarr
 
 __version__ = "0.1.0"
 
 __all__ = [
-    "DiskArray", "add", "cleanup_scratch", "config", "dot", "from_numpy", "from_zarr",
-    "materialize", "mul", "persist", "set_memory_budget", "square", "sub", "sum",
+    "DiskArray", "Stats", "add", "cleanup_scratch", "config", "dot", "explain", "from_numpy", "from_zarr",
+    "materialize", "mul", "persist", "profile", "set_memory_budget", "square", "sub", "sum",
     "to_zarr", "transpose", "update_",
 ]

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import os
 
+import jax
 import numpy as np
 
 from jask.base.array import DiskArray
@@ -19,6 +20,10 @@ def check_array_facts(name, shape, dtype):
     dtype = np.dtype(dtype)
     if dtype.kind not in SUPPORTED_KINDS:
         raise TypeError(f"{name}: dtype {dtype} is not supported; use a numeric or boolean dtype")
+    if dtype.itemsize == 8 and not jax.config.jax_enable_x64:
+        raise TypeError(f"{name}: dtype {dtype} needs 64-bit JAX, which is off, so tiles would be "
+                        "computed in 32 bits; call jax.config.update('jax_enable_x64', True) first, "
+                        "or convert the data to a 32-bit dtype")
     if any(d == 0 for d in shape):
         raise ValueError(f"{name}: shape {tuple(shape)} has a zero-size dimension; jask arrays cannot be empty")
 

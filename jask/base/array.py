@@ -15,6 +15,10 @@ from jask.base import compat
 from jask.base.graph import Node, OpNode, StoredNode, ZerosNode, handles
 
 
+class UnsupportedTransform(NotImplementedError, AttributeError):
+    """A JAX transformation DiskArrays do not support (vmap, jacfwd, hessian, device placement)."""
+
+
 @dataclasses.dataclass(frozen=True)
 class DiskArrayType(compat.HiType):
     """The JAX type of a DiskArray: shape and dtype, nothing that names a store."""
@@ -57,6 +61,13 @@ class DiskArrayType(compat.HiType):
     def vspace_add(self, x, y):
         from jask.linalg.add import add
         return add(x, y)
+
+    @property
+    def sharding(self):
+        # An AttributeError too, so JAX's own ``hasattr(aval, "sharding")`` probes still see "no sharding".
+        raise UnsupportedTransform("vmap over DiskArrays is not supported, nor are jax.jacfwd, jax.hessian "
+                                  "or device placement of a DiskArray: use jax.grad (and batched jask.dot "
+                                  "instead of vmap)")
 
     def dec_rank(self, size, spec):
         raise NotImplementedError("jax.vmap over DiskArrays is not supported; loop, or use batched jask.dot")

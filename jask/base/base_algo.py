@@ -73,6 +73,10 @@ def call_time_op(spec: OpSpec, types):
 def output_type(spec: OpSpec, op, types):
     """The op's output type, with errors that name the op and the offending shapes and dtypes."""
     dtypes = [t.dtype for t in types]
+    wide = [d for d in dtypes if d.itemsize == 8]
+    if wide and not jax.config.jax_enable_x64:
+        raise TypeError(f"{spec.name} got a {wide[0]} input while 64-bit JAX is off, so it would be "
+                        "computed in 32 bits; enable jax_enable_x64 or convert the array")
     if len(set(dtypes)) > 1 and type(op).output_dtype in (BlockParallelOp.output_dtype, CustomOp.output_dtype):
         raise TypeError(f"{spec.name} got mismatched dtypes {', '.join(d.name for d in dtypes)}; "
                         "jask does not promote implicitly: convert the inputs to one dtype")

@@ -16,7 +16,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from jask.base import BlockParallelOp, compat, runtime
-from jask.base.array import is_disk_array, type_of
+from jask.base.array import DiskArrayType, is_disk_array, type_of
 from jask.base.base_algo import GradOp, make_op
 from jask.base.executor import run
 from jask.base.graph import OpNode, OpSpec
@@ -49,7 +49,7 @@ class MulConstant(BlockParallelOp):
         self.factor = factor
 
     def forward_block(self, a_block):
-        return (a_block * self.factor).astype(a_block.dtype)
+        return (a_block * self.factor).astype(self.output_dtype(a_block.dtype))
 
     def index_map(self, out_idx):
         return [(out_idx,)]
@@ -63,12 +63,16 @@ class MulConstant(BlockParallelOp):
     def output_shape(self, a_shape):
         return a_shape
 
+    def output_dtype(self, a_dtype):
+        """JAX's promotion with a weakly typed Python number: int32 * 2.5 is float32, int32 * 2 stays int32."""
+        return jnp.result_type(a_dtype, self.factor)
+
 
 class ScalarMul(BlockParallelOp):
     """a * s where s is a scalar operand; the graph node behind HiScalarMul."""
 
     def forward_block(self, a_block, s):
-        return (a_block * s).astype(a_block.dtype)
+        return (a_block * s).astype(self.output_dtype(a_block.dtype, s.dtype))
 
     def index_map(self, out_idx):
         return [(out_idx, ())]
@@ -83,7 +87,8 @@ class ScalarMul(BlockParallelOp):
         return a_shape
 
     def output_dtype(self, a_dtype, s_dtype):
-        return a_dtype
+        """A float array keeps its dtype; an integer or bool array takes the scalar's float dtype."""
+        return a_dtype if jnp.issubdtype(a_dtype, jnp.floating) else s_dtype
 
 
 _mul_arrays = make_op(MulArrays, name="mul")
@@ -94,7 +99,8 @@ _SCALAR_MUL = OpSpec(ScalarMul, (), "mul")
 @dataclasses.dataclass(frozen=True)
 class _ScalarMulForward:
     def __call__(self, a, s):
-        return (OpNode(_SCALAR_MUL, (a, runtime.as_node(s)), a.shape, a.dtype),)
+        s = runtime.as_node(s)
+        return (OpNode(_SCALAR_MUL, (a, s), a.shape, ScalarMul().output_dtype(a.dtype, s.dtype)),)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -120,7 +126,7 @@ class HiScalarMul(compat.VJPHiPrimitive):
 
     def __init__(self, a_type, s_type):
         self.in_avals = (a_type, s_type)
-        self.out_aval = a_type
+        self.out_aval = DiskArrayType(a_type.shape, np.dtype(ScalarMul().output_dtype(a_type.dtype, s_type.dtype)))
         self.params = dict(signature=(a_type, s_type))
         super().__init__()
 
@@ -173,7 +179,8 @@ def _scalar_mul(a, s):
         raise ValueError(f"mul: a DiskArray can be multiplied by a scalar or an array of shape "
                          f"{type_of(a).shape}, not by an array of shape {s.shape}")
     if not jnp.issubdtype(s.dtype, jnp.floating):
-        s = s.astype(type_of(a).dtype if jnp.issubdtype(type_of(a).dtype, jnp.floating) else jnp.float32)
+        a_dtype = type_of(a).dtype
+        s = s.astype(a_dtype if jnp.issubdtype(a_dtype, jnp.floating) else jnp.float32)
     if not compat.is_traced(a) and not compat.is_traced(s):
         runtime.safe_point()
     return HiScalarMul(type_of(a), compat.ShapedArray((), s.dtype))(a, s)
@@ -193,7 +200,7 @@ def mul(a, b):
     if isinstance(s, numbers.Number) and not isinstance(s, bool):
         if not math.isfinite(complex(s).real) or not math.isfinite(complex(s).imag):
             raise ValueError(f"mul: scalar factor {s!r} is not finite")
-        return _mul_constant(arr, factor=float(s))
+        return _mul_constant(arr, factor=s if isinstance(s, int) else float(s))
     if isinstance(s, (np.ndarray, np.generic)) or hasattr(s, "dtype"):
         return _scalar_mul(arr, s)
     raise TypeError(f"mul cannot multiply a DiskArray by {type(s).__name__}")

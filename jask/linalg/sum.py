@@ -1,6 +1,7 @@
 """Full reduction to a JAX scalar."""
 import itertools
 
+import jax
 import jax.numpy as jnp
 
 from jask.base import BlockParallelOp
@@ -31,6 +32,10 @@ class Sum(BlockParallelOp):
 
     def output_shape(self, a_shape):
         return ()
+
+    def output_dtype(self, a_dtype):
+        """As ``jnp.sum``: bool and small integers sum in int32."""
+        return jax.eval_shape(jnp.sum, jax.ShapeDtypeStruct((), a_dtype)).dtype
 
 
 sum = make_op(Sum, doc="Sum of all elements of a disk-backed array, as a JAX scalar.")  # noqa: A001

@@ -1,0 +1,441 @@
+"""Bad inputs fail early with the right exception type and a message that says what is wrong."""
+import os
+import pickle
+import re
+import shutil
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+import zarr
+
+import jask
+from jask.config import config
+from jask.io import scratch
+
+
+def _rand(shape, seed=0, dtype=np.float32):
+    return np.random.default_rng(seed).standard_normal(shape).astype(dtype)
+
+
+def _arr(shape, seed=0, dtype=np.float32):
+    return jask.from_numpy(_rand(shape, seed, dtype))
+
+
+def _entries(folder):
+    """Every file and folder (hidden ones included) below ``folder``."""
+    out = set()
+    for root, dirs, files in os.walk(folder):
+        out.update(os.path.join(root, n) for n in dirs + files)
+    return out
+
+
+# ---------------------------------------------------------------- shapes and dtypes
+
+@pytest.mark.parametrize("op", [jask.add, jask.sub, jask.mul])
+def test_elementwise_mismatched_shapes(small_tiles, op):
+    a, b = _arr((5, 7)), _arr((7, 5))
+    with pytest.raises(ValueError, match=r"\(5, 7\).*\(7, 5\)"):
+        op(a, b)
+
+
+def test_operator_mismatched_shapes(small_tiles):
+    a, b = _arr((5, 7)), _arr((5, 6))
+    with pytest.raises(ValueError, match=r"\(5, 7\).*\(5, 6\)"):
+        a + b
+
+
+@pytest.mark.parametrize("other", [np.int32, np.float16])
+def test_mismatched_dtypes(small_tiles, other):
+    a, b = _arr((5, 7)), _arr((5, 7), dtype=other)
+    with pytest.raises(TypeError, match=r"mismatched dtypes float32, " + np.dtype(other).name):
+        jask.add(a, b)
+
+
+def test_mismatched_dtypes_float32_float64(small_tiles):
+    with jax.enable_x64(True):
+        a, b = _arr((5, 7)), _arr((5, 7), dtype=np.float64)
+        with pytest.raises(TypeError, match="mismatched dtypes float32, float64"):
+            jask.add(a, b)
+        with pytest.raises(TypeError, match="mismatched dtypes"):
+            a @ _arr((7, 3), dtype=np.float64)
+
+
+@pytest.mark.parametrize("dtype", [np.float64, np.int64])
+def test_64bit_dtype_refused_without_x64(dtype):
+    with jax.enable_x64(False):
+        with pytest.raises(TypeError, match="64-bit"):
+            jask.from_numpy(np.ones((5, 7), dtype))
+
+
+@pytest.mark.parametrize("a_shape, b_shape, fragment", [
+    ((5, 7), (5, 7), r"incompatible shapes \(5, 7\), \(5, 7\).*7 and 5"),
+    ((5, 7), (6,), r"incompatible shapes \(5, 7\), \(6,\)"),
+    ((2, 5, 7), (3, 7, 4), r"incompatible batch dimensions.*\(2, 5, 7\), \(3, 7, 4\)"),
+])
+def test_dot_incompatible(small_tiles, a_shape, b_shape, fragment):
+    a, b = _arr(a_shape), _arr(b_shape, 1)
+    with pytest.raises(ValueError, match=fragment):
+        jask.dot(a, b)
+    with pytest.raises(ValueError, match=fragment):
+        a @ b
+
+
+@pytest.mark.parametrize("axes", [(0, 0, 1), (0, 1, 3), (1, 0), (0, 1, 2, 3), (0, -4, 1)],
+                         ids=["repeated", "out_of_range", "too_short", "too_long", "negative_out_of_range"])
+def test_transpose_bad_axes(small_tiles, axes):
+    a = _arr((3, 5, 6))
+    with pytest.raises(ValueError, match=r"axes must be a permutation of \(0, 1, 2\)"):
+        jask.transpose(a, axes=axes)
+
+
+def test_transpose_axes_not_a_sequence(small_tiles):
+    with pytest.raises(TypeError, match="sequence of ints"):
+        jask.transpose(_arr((5, 7)), axes=3)
+
+
+@pytest.mark.parametrize("bad", [np.ones((5, 7), np.float32), jnp.ones((5, 7)), 1.0, [[1.0]]],
+                         ids=["numpy", "jax", "float", "list"])
+def test_add_non_diskarray(small_tiles, bad):
+    a = _arr((5, 7))
+    with pytest.raises(TypeError, match="expects DiskArray inputs; argument 1 is"):
+        jask.add(a, bad)
+    with pytest.raises(TypeError, match="expects DiskArray inputs; argument 0 is"):
+        jask.add(bad, a)
+
+
+def test_single_input_ops_reject_non_diskarray():
+    for op in (jask.square, jask.sum, jask.transpose):
+        with pytest.raises(TypeError, match="DiskArray"):
+            op(np.ones((5, 7), np.float32))
+
+
+def test_mul_non_finite_python_scalar(small_tiles):
+    a = _arr((5, 7))
+    for bad in (float("nan"), float("inf"), -float("inf")):
+        with pytest.raises(ValueError, match="not finite"):
+            jask.mul(a, bad)
+        with pytest.raises(ValueError, match="not finite"):
+            bad * a
+
+
+def test_mul_bad_operands(small_tiles):
+    a = _arr((5, 7))
+    with pytest.raises(ValueError, match=r"not by an array of shape \(3,\)"):
+        a * jnp.ones(3)
+    with pytest.raises(TypeError, match="cannot multiply a DiskArray by str"):
+        a * "x"
+    with pytest.raises(TypeError, match="at least one DiskArray"):
+        jask.mul(2.0, 3.0)
+
+
+def test_unsupported_operators(small_tiles):
+    a = _arr((5, 7))
+    with pytest.raises(TypeError, match="division by a DiskArray"):
+        a / a
+    with pytest.raises(NotImplementedError, match="only the powers 1 and 2"):
+        a ** 3
+    with pytest.raises(TypeError, match="ambiguous"):
+        bool(a)
+    with pytest.raises(TypeError, match="iterating"):
+        iter(a)
+    with pytest.raises(TypeError, match="cannot be pickled"):
+        pickle.dumps(a)
+
+
+@pytest.mark.parametrize("shape", [(0,), (0, 3), (4, 0, 2)])
+def test_from_numpy_empty(shape):
+    with pytest.raises(ValueError, match=re.escape(f"shape {shape} has a zero-size dimension")):
+        jask.from_numpy(np.zeros(shape, np.float32))
+
+
+@pytest.mark.parametrize("data", [np.array(["a", "b"]), np.array([object(), object()]),
+                                  np.ones(3, np.complex64), np.array([b"x"])],
+                         ids=["str", "object", "complex", "bytes"])
+def test_from_numpy_unsupported_dtype(data):
+    with pytest.raises(TypeError, match=f"dtype {re.escape(str(data.dtype))} is not supported"):
+        jask.from_numpy(data)
+
+
+def test_from_numpy_bad_chunks_and_diskarray(small_tiles):
+    with pytest.raises(ValueError, match=r"chunks \(0, 2\) do not fit"):
+        jask.from_numpy(np.ones((5, 7), np.float32), chunks=(0, 2))
+    with pytest.raises(ValueError, match=r"chunks \(2,\) do not fit"):
+        jask.from_numpy(np.ones((5, 7), np.float32), chunks=(2,))
+    with pytest.raises(TypeError, match="already disk-backed"):
+        jask.from_numpy(_arr((5, 7)))
+
+
+# ---------------------------------------------------------------- stores
+
+def test_from_zarr_missing_path(tmp_path):
+    missing = tmp_path / "nope" / "arr.zarr"
+    with pytest.raises(FileNotFoundError, match=re.escape(str(missing))):
+        jask.from_zarr(missing)
+
+
+def test_from_zarr_not_zarr(tmp_path):
+    folder = tmp_path / "plain"
+    folder.mkdir()
+    (folder / "data.txt").write_text("hello")
+    with pytest.raises(ValueError, match="not a Zarr array"):
+        jask.from_zarr(folder)
+    f = tmp_path / "file.bin"
+    f.write_bytes(b"x")
+    with pytest.raises(ValueError, match="is a file"):
+        jask.from_zarr(f)
+
+
+def test_from_zarr_corrupt_metadata(tmp_path):
+    folder = tmp_path / "bad.zarr"
+    folder.mkdir()
+    (folder / "zarr.json").write_text("{not json")
+    with pytest.raises(ValueError, match="cannot open"):
+        jask.from_zarr(folder)
+
+
+def test_from_zarr_bad_mode_and_type(tmp_path):
+    p = tmp_path / "a.zarr"
+    zarr.create_array(p, shape=(5, 7), dtype="float32", chunks=(4, 4))
+    with pytest.raises(ValueError, match="mode must be 'r' or 'r\\+'"):
+        jask.from_zarr(p, mode="w")
+    with pytest.raises(TypeError, match="expects a path or a zarr.Array"):
+        jask.from_zarr(42)
+
+
+def test_update_read_only_store(small_tiles, tmp_path):
+    A = _rand((5, 7))
+    p = tmp_path / "ro.zarr"
+    jask.from_numpy(A).to_zarr(p)
+    x = jask.from_zarr(p)
+    with pytest.raises(ValueError, match="read-only"):
+        x.update_(_arr((5, 7), 3))
+    np.testing.assert_array_equal(np.asarray(x), A)
+    np.testing.assert_array_equal(zarr.open_array(p, mode="r")[...], A)
+
+
+def test_update_wrong_shape_or_dtype(small_tiles):
+    A = _rand((5, 7))
+    x = jask.from_numpy(A)
+    with pytest.raises(ValueError, match=r"shape \(7, 5\).*shape \(5, 7\)"):
+        x.update_(_arr((7, 5)))
+    with pytest.raises(ValueError, match="dtype int32.*dtype float32"):
+        x.update_(_arr((5, 7), dtype=np.int32))
+    with pytest.raises(TypeError, match="expects a DiskArray"):
+        x.update_(A)
+    np.testing.assert_array_equal(np.asarray(x), A)
+
+
+def test_update_inside_jit_refused(small_tiles):
+    x = _arr((5, 7))
+    with pytest.raises(TypeError, match="eagerly"):
+        jax.jit(lambda x: jask.update_(x, x))(x)
+
+
+def test_sinks_reject_non_diskarrays_and_tracers(small_tiles, tmp_path):
+    with pytest.raises(TypeError, match="to_zarr expects a DiskArray"):
+        jask.to_zarr(np.ones((5, 7)), tmp_path / "x.zarr")
+    with pytest.raises(TypeError, match="materialize expects a DiskArray"):
+        jask.materialize(np.ones((5, 7)))
+    with pytest.raises(TypeError, match="inside jit"):
+        jax.jit(lambda x: jask.to_zarr(x, tmp_path / "y.zarr"))(_arr((5, 7)))
+    assert not (tmp_path / "y.zarr").exists()
+    with pytest.raises(ValueError, match=r"chunks \(1,\) do not fit"):
+        jask.to_zarr(_arr((5, 7)), tmp_path / "z.zarr", chunks=(1,))
+    assert not (tmp_path / "z.zarr").exists()
+
+
+def test_to_zarr_existing_path_without_overwrite(small_tiles, tmp_path):
+    A, B = _rand((5, 7), 1), _rand((5, 7), 2)
+    p = tmp_path / "out.zarr"
+    jask.from_numpy(A).to_zarr(p)
+    before = sorted(os.listdir(tmp_path))
+    with pytest.raises(FileExistsError, match=re.escape(str(p))):
+        jask.to_zarr(jask.from_numpy(B), p)
+    with pytest.raises(FileExistsError, match="overwrite=True"):
+        jask.from_numpy(B).to_zarr(p)
+    np.testing.assert_array_equal(zarr.open_array(p, mode="r")[...], A)
+    assert sorted(os.listdir(tmp_path)) == before  # no leftover temporaries
+
+
+def test_op_on_deleted_store(small_tiles):
+    a, b = _arr((5, 7), 1), _arr((5, 7), 2)
+    path = a.path
+    shutil.rmtree(path)
+    with pytest.raises(FileNotFoundError, match=re.escape(path)):
+        jask.add(a, b)
+    with pytest.raises(FileNotFoundError, match=re.escape(path)):
+        jask.sum(a)
+    with pytest.raises(FileNotFoundError, match=re.escape(path)):
+        np.asarray(a)
+
+
+def test_lazy_value_over_deleted_store(small_tiles):
+    a, b = _arr((5, 7), 1), _arr((5, 7), 2)
+    lazy = jask.square(a - b)
+    path = a.path
+    shutil.rmtree(path)
+    with pytest.raises(FileNotFoundError, match=re.escape(path)):
+        np.asarray(lazy)
+
+
+def test_jit_on_deleted_store(small_tiles):
+    a = _arr((5, 7), 1)
+    path = a.path
+    shutil.rmtree(path)
+    with pytest.raises(Exception) as info:
+        jax.jit(lambda x: jask.sum(jask.square(x)))(a)
+    assert path in str(info.value) or any(path in n for n in getattr(info.value, "__notes__", []))
+
+
+# ---------------------------------------------------------------- settings
+
+def test_memory_budget_smaller_than_a_tile():
+    # 3-D float32: even the smallest tile jask will use (edge 8) is 8*8*8*4 = 2048 bytes > 1000
+    A, B = _rand((9, 10, 11), 1), _rand((9, 10, 11), 2)
+    a, b = jask.from_numpy(A), jask.from_numpy(B)
+    d = a - b  # consumed twice below, so it would be materialized to scratch first
+    root = scratch.process_dir()
+    before = _entries(root)
+    jask.set_memory_budget(1000)
+    with pytest.raises(ValueError, match=r"memory budget of 1000 bytes is too small"):
+        jask.sum(jask.mul(d, d))
+    with pytest.raises(ValueError, match="budget"):
+        np.asarray(d)
+    assert _entries(root) - before == set(), "a store was written before the budget was checked"
+    # with a workable budget the same lazy values still compute
+    jask.set_memory_budget("64MB")
+    np.testing.assert_allclose(float(jask.sum(jask.mul(d, d))), float(np.sum((A - B) ** 2)), rtol=1e-4)
+
+
+def test_memory_budget_with_forced_tile_too_big():
+    a = _arr((40, 40))
+    jask.config.update("tile", 32)  # one 32x32 float32 tile is 4096 bytes
+    jask.set_memory_budget(1000)
+    with pytest.raises(ValueError, match=r"memory budget of 1000 bytes.*tile edge 32"):
+        jask.sum(a)
+
+
+@pytest.mark.parametrize("value, exc, fragment", [
+    ("lots", ValueError, "cannot parse memory size"),
+    (-5, ValueError, "must be positive"),
+    (0, ValueError, "must be positive"),
+    (True, TypeError, "memory size must be"),
+    (1.5, TypeError, "memory size must be"),
+])
+def test_bad_memory_budget(value, exc, fragment):
+    before = config.memory_budget
+    with pytest.raises(exc, match=fragment):
+        jask.set_memory_budget(value)
+    assert config.memory_budget == before
+
+
+def test_bad_settings():
+    with pytest.raises(ValueError, match="unknown jask setting 'nope'"):
+        jask.config.update("nope", 1)
+    for bad in (0, -1, True, 2.0):
+        with pytest.raises(ValueError, match="tile must be a positive int"):
+            jask.config.update("tile", bad)
+    with pytest.raises(ValueError, match="unknown backend 'cuda'"):
+        jask.config.update("backend", "cuda")
+    assert config.tile is None
+
+
+def _shm():
+    if not os.path.isdir("/dev/shm"):
+        pytest.skip("/dev/shm does not exist on this machine")
+    fstype = scratch.filesystem_type("/dev/shm")
+    if fstype not in ("tmpfs", "ramfs"):
+        pytest.skip(f"/dev/shm is not RAM-backed here (filesystem type {fstype!r})")
+    return fstype
+
+
+def test_tmpfs_scratch_dir_refused():
+    fstype = _shm()
+    target = "/dev/shm/jask-test-scratch-never-created"
+    before = (config.scratch_dir, config.memory_budget)
+    with pytest.raises(ValueError, match=f"is on {fstype}"):
+        jask.set_memory_budget("256MB", scratch_dir=target)
+    with pytest.raises(ValueError, match="allow_tmpfs=True"):
+        jask.config.update("scratch_dir", target)
+    assert (config.scratch_dir, config.memory_budget) == before
+    assert not os.path.exists(target)
+    # explicitly allowed, it is accepted (nothing is created until an array is)
+    jask.set_memory_budget("256MB", scratch_dir=target, allow_tmpfs=True)
+    assert config.scratch_dir == target and config.allow_tmpfs
+    assert not os.path.exists(target)
+
+
+def test_filesystem_type():
+    if not os.path.exists("/proc/mounts"):
+        pytest.skip("no /proc/mounts on this system")
+    assert scratch.filesystem_type("/proc") == "proc"
+    assert isinstance(scratch.filesystem_type(os.getcwd()), str)
+    assert scratch.filesystem_type("/") != ""
+
+
+# ---------------------------------------------------------------- transformations jask does not support
+
+def test_second_order_grad(small_tiles):
+    a = _arr((5, 7))
+    f = lambda a: jask.sum(jask.square(a))
+    with pytest.raises(NotImplementedError, match="second-order"):
+        jax.grad(lambda a: jask.sum(jax.grad(f)(a)))(a)
+
+
+def test_second_order_grad_of_scalar_mul(small_tiles):
+    a = _arr((5, 7))
+    f = lambda a, s: jask.sum(a * s)
+    with pytest.raises(NotImplementedError, match="second-order"):
+        jax.grad(lambda s: jask.sum(jax.grad(f)(a, s)))(jnp.float32(2.0))
+
+
+def test_forward_mode(small_tiles):
+    a = _arr((5, 7))
+    with pytest.raises(NotImplementedError, match=r"forward-mode.*use jax.grad"):
+        jax.jvp(lambda a: jask.sum(jask.square(a)), (a,), (a,))
+
+
+def test_hessian_not_implemented(small_tiles):
+    a = _arr((5, 7))
+    with pytest.raises(NotImplementedError, match="use jax.grad"):
+        jax.hessian(lambda a: jask.sum(jask.square(a)))(a)
+    with pytest.raises(NotImplementedError, match="use jax.grad"):
+        jax.jacfwd(lambda a: jask.sum(jask.square(a)))(a)
+
+
+def test_vmap(small_tiles):
+    a = _arr((5, 7))
+    with pytest.raises(NotImplementedError, match="vmap over DiskArrays is not supported"):
+        jax.vmap(jask.square)(a)
+    with pytest.raises(NotImplementedError, match="jax.vmap of jask.mul"):
+        jax.vmap(lambda s: jask.sum(a * s))(jnp.arange(3.0))
+    with pytest.raises(NotImplementedError, match="jax.vmap of jask.add"):
+        jax.vmap(lambda s: jask.sum(a + a) * s)(jnp.arange(3.0))
+
+
+def test_jacrev_not_implemented(small_tiles):
+    a = _arr((5, 7))
+    with pytest.raises(NotImplementedError, match="vmap"):
+        jax.jacrev(lambda a: jask.sum(jask.square(a)))(a)
+
+
+def test_numpy_conversion_inside_jit_refused(small_tiles):
+    def f(x):
+        with pytest.raises(TypeError):
+            np.asarray(x)
+        return jask.sum(x)
+
+    A = _rand((5, 7))
+    out = jax.jit(f)(jask.from_numpy(A))
+    np.testing.assert_allclose(float(out), float(A.sum()), rtol=1e-5, atol=1e-5)
+
+
+def test_grad_of_materialize_under_jit(small_tiles):
+    A = _rand((5, 7))
+    a = jask.from_numpy(A)
+    f = lambda a: jnp.sum(jask.materialize(a) ** 2)
+    np.testing.assert_allclose(np.asarray(jax.grad(f)(a)), 2 * A, rtol=1e-5)  # eagerly it works
+    with pytest.raises(NotImplementedError, match="materialize under jit"):
+        jax.jit(jax.grad(f))(a)

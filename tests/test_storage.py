@@ -1,0 +1,406 @@
+"""Zarr storage: round trips, atomic writes, update_, crash recovery, scratch hygiene, array facts."""
+import gc
+import os
+import subprocess
+import sys
+
+import jax
+import numpy as np
+import pytest
+import zarr
+
+import jask
+from jask.config import config
+from jask.io import scratch
+from jask.io.store import recover
+
+
+def _rand(shape, seed=0, dtype=np.float32):
+    return np.random.default_rng(seed).standard_normal(shape).astype(dtype)
+
+
+def _hidden(folder):
+    return [n for n in os.listdir(folder) if n.startswith(".")]
+
+
+def _dead_pid():
+    """The pid of a process that has exited."""
+    proc = subprocess.Popen([sys.executable, "-c", "pass"])
+    proc.wait()
+    return proc.pid
+
+
+@pytest.fixture
+def private_scratch(tmp_path):
+    """A scratch root of this test's own, so its process folder holds only this test's stores."""
+    root = tmp_path / "scratch"
+    jask.set_memory_budget(config.memory_budget, scratch_dir=root, allow_tmpfs=True)
+    return root
+
+
+# ---------------------------------------------------------------- round trips
+
+@pytest.mark.parametrize("dtype", [np.float32, np.int32, np.uint8, np.bool_, np.float16])
+def test_from_numpy_round_trip(small_tiles, dtype):
+    data = (_rand((5, 7), 1) * 10).astype(dtype)
+    x = jask.from_numpy(data)
+    out = np.asarray(x)
+    assert out.dtype == np.dtype(dtype)
+    np.testing.assert_array_equal(out, data)
+    np.testing.assert_array_equal(np.asarray(jask.materialize(x)), data)
+
+
+def test_from_numpy_accepts_jax_arrays(small_tiles):
+    data = _rand((5, 7), 2)
+    np.testing.assert_array_equal(np.asarray(jask.from_numpy(jax.numpy.asarray(data))), data)
+
+
+def test_from_numpy_custom_chunks(small_tiles):
+    data = _rand((5, 7), 3)
+    x = jask.from_numpy(data, chunks=(2, 3))
+    assert x.chunks == (2, 3)
+    assert zarr.open_array(x.path, mode="r").chunks == (2, 3)
+    np.testing.assert_array_equal(np.asarray(x), data)
+    # a chunking different from the compute tiles still computes correctly
+    np.testing.assert_allclose(np.asarray(x @ x.T), data @ data.T, rtol=1e-5, atol=1e-5)
+
+
+def test_from_zarr_round_trip(small_tiles, tmp_path):
+    data = _rand((5, 7), 4)
+    p = tmp_path / "a.zarr"
+    z = zarr.create_array(p, shape=data.shape, dtype=data.dtype, chunks=(3, 3), zarr_format=3)
+    z[...] = data
+    x = jask.from_zarr(p)
+    np.testing.assert_array_equal(np.asarray(x), data)
+    np.testing.assert_allclose(np.asarray(x + x), 2 * data, rtol=1e-6)
+    # from an opened zarr.Array as well
+    y = jask.from_zarr(zarr.open_array(p, mode="r"))
+    assert y.path == str(p)
+    np.testing.assert_array_equal(np.asarray(y), data)
+
+
+def test_from_zarr_v2_array(small_tiles, tmp_path):
+    data = _rand((5, 7), 5)
+    p = tmp_path / "v2.zarr"
+    z = zarr.create_array(p, shape=data.shape, dtype=data.dtype, chunks=(4, 4), zarr_format=2)
+    z[...] = data
+    np.testing.assert_array_equal(np.asarray(jask.from_zarr(p)), data)
+
+
+def test_from_zarr_does_not_copy(small_tiles, tmp_path):
+    data = _rand((5, 7), 6)
+    p = tmp_path / "src.zarr"
+    jask.from_numpy(data).to_zarr(p)
+    x = jask.from_zarr(p)
+    assert x.path == str(p)
+    assert sorted(os.listdir(tmp_path)) == ["src.zarr"]
+    np.testing.assert_array_equal(np.asarray(x), data)
+
+
+def test_to_zarr_writes_readable_v3_array(small_tiles, tmp_path):
+    A, B = _rand((5, 7), 7), _rand((5, 7), 8)
+    a, b = jask.from_numpy(A), jask.from_numpy(B)
+    lazy_path, stored_path = tmp_path / "lazy.zarr", tmp_path / "stored.zarr"
+    jask.to_zarr(a * b - a, lazy_path)      # a lazy value: computed straight into the path
+    a.to_zarr(stored_path)                  # an already stored value: copied
+    for p, want in ((lazy_path, A * B - A), (stored_path, A)):
+        z = zarr.open_array(p, mode="r")
+        assert z.metadata.zarr_format == 3
+        assert z.shape == (5, 7) and z.dtype == np.float32
+        np.testing.assert_allclose(z[...], want, rtol=1e-6, atol=1e-6)
+        # and jask reads it back
+        np.testing.assert_allclose(np.asarray(jask.from_zarr(p)), want, rtol=1e-6, atol=1e-6)
+    assert _hidden(tmp_path) == [], "temporary siblings left behind"
+    assert not any(".jask-" in n for n in os.listdir(tmp_path))
+    assert sorted(os.listdir(tmp_path)) == ["lazy.zarr", "stored.zarr"]
+
+
+def test_to_zarr_chunks(small_tiles, tmp_path):
+    A = _rand((5, 7), 9)
+    p = tmp_path / "c.zarr"
+    jask.to_zarr(jask.from_numpy(A) * 2.0, p, chunks=(5, 2))
+    z = zarr.open_array(p, mode="r")
+    assert z.chunks == (5, 2)
+    np.testing.assert_allclose(z[...], 2 * A, rtol=1e-6)
+
+
+def test_to_zarr_creates_parent_folders(small_tiles, tmp_path):
+    A = _rand((5, 7), 10)
+    p = tmp_path / "deep" / "er" / "x.zarr"
+    jask.from_numpy(A).to_zarr(p)
+    np.testing.assert_array_equal(zarr.open_array(p, mode="r")[...], A)
+
+
+def test_to_zarr_overwrite_replaces(small_tiles, tmp_path):
+    A, B = _rand((5, 7), 11), _rand((9, 6), 12)
+    p = tmp_path / "out.zarr"
+    jask.from_numpy(A).to_zarr(p)
+    jask.to_zarr(jask.square(jask.from_numpy(B)), p, overwrite=True)  # a different shape, even
+    z = zarr.open_array(p, mode="r")
+    assert z.shape == (9, 6)
+    np.testing.assert_allclose(z[...], B * B, rtol=1e-6)
+    assert sorted(os.listdir(tmp_path)) == ["out.zarr"], "old copy or temporaries left behind"
+
+
+def test_to_zarr_failure_leaves_nothing(small_tiles, tmp_path):
+    """A computation that fails part-way leaves neither the target nor hidden temporaries."""
+    A = _rand((5, 7), 13)
+    a = jask.from_numpy(A)
+    lazy = a + a
+    os.rename(a.path, a.path + ".moved")  # reading the input will fail mid-computation
+    try:
+        with pytest.raises(FileNotFoundError):
+            jask.to_zarr(lazy, tmp_path / "never.zarr")
+    finally:
+        os.rename(a.path + ".moved", a.path)
+    assert os.listdir(tmp_path) == []
+
+
+# ---------------------------------------------------------------- update_
+
+def test_update_user_store(small_tiles, tmp_path):
+    A, B = _rand((5, 7), 14), _rand((5, 7), 15)
+    p = tmp_path / "w.zarr"
+    jask.from_numpy(A).to_zarr(p)
+    x = jask.from_zarr(p, mode="r+")
+    old_lazy = x * 2.0                  # computed from the old contents, not yet run
+    old_sum = jask.sum(x)
+    x.update_(jask.from_numpy(B) - x)   # the new value may read the old one
+    np.testing.assert_allclose(np.asarray(x), B - A, rtol=1e-6)
+    np.testing.assert_allclose(np.asarray(old_lazy), 2 * A, rtol=1e-6)
+    np.testing.assert_allclose(float(old_sum), float(A.sum()), rtol=1e-5)
+    assert x.path == str(p)
+    np.testing.assert_allclose(np.asarray(jask.from_zarr(p)), B - A, rtol=1e-6)
+    np.testing.assert_allclose(zarr.open_array(p, mode="r")[...], B - A, rtol=1e-6)
+    assert zarr.open_array(p, mode="r").chunks == (4, 4)
+    # a second update_ works too
+    x.update_(jask.from_numpy(A))
+    np.testing.assert_array_equal(zarr.open_array(p, mode="r")[...], A)
+    del old_lazy
+    gc.collect()
+    assert sorted(os.listdir(tmp_path)) == ["w.zarr"]
+
+
+def test_update_scratch_array(small_tiles):
+    A, B = _rand((5, 7), 16), _rand((5, 7), 17)
+    x = jask.from_numpy(A)
+    old_lazy = jask.square(x)
+    x.update_(x + jask.from_numpy(B))
+    np.testing.assert_allclose(np.asarray(x), A + B, rtol=1e-6)
+    np.testing.assert_allclose(np.asarray(old_lazy), A * A, rtol=1e-6)
+
+
+def test_update_keeps_jit_from_retracing(small_tiles, tmp_path):
+    A = _rand((5, 7), 18)
+    p = tmp_path / "w.zarr"
+    jask.from_numpy(A).to_zarr(p)
+    x = jask.from_zarr(p, mode="r+")
+    traces = []
+
+    @jax.jit
+    def step(x):
+        traces.append(1)
+        return jask.sum(jask.square(x)), x * 0.5
+
+    want = A
+    for _ in range(3):
+        loss, new = step(x)
+        np.testing.assert_allclose(float(loss), float(np.sum(want ** 2)), rtol=1e-5)
+        x.update_(new)
+        want = want * 0.5
+    assert len(traces) == 1
+    np.testing.assert_allclose(zarr.open_array(p, mode="r")[...], want, rtol=1e-6)
+
+
+# ---------------------------------------------------------------- crash recovery
+
+@pytest.mark.parametrize("kind", ["new", "old"])
+def test_recover_from_interrupted_swap(small_tiles, tmp_path, kind):
+    A = _rand((5, 7), 19)
+    p = tmp_path / "arr.zarr"
+    jask.from_numpy(A).to_zarr(p)
+    sibling = tmp_path / f".arr.zarr.jask-{kind}-{os.getpid()}-abc123"
+    os.rename(p, sibling)           # the crash happened between the two renames
+    assert not p.exists()
+    recover(str(p))
+    assert p.exists() and not sibling.exists()
+    np.testing.assert_array_equal(zarr.open_array(p, mode="r")[...], A)
+
+
+def test_recover_prefers_new_over_old(small_tiles, tmp_path):
+    A, B = _rand((5, 7), 20), _rand((5, 7), 21)
+    pa, pb = tmp_path / "a.zarr", tmp_path / "b.zarr"
+    jask.from_numpy(A).to_zarr(pa)
+    jask.from_numpy(B).to_zarr(pb)
+    target = tmp_path / "t.zarr"
+    os.rename(pa, tmp_path / f".t.zarr.jask-old-{os.getpid()}-aaaaaa")
+    os.rename(pb, tmp_path / f".t.zarr.jask-new-{os.getpid()}-bbbbbb")
+    recover(str(target))
+    np.testing.assert_array_equal(zarr.open_array(target, mode="r")[...], B)
+
+
+def test_from_zarr_recovers_automatically(small_tiles, tmp_path):
+    A = _rand((5, 7), 22)
+    p = tmp_path / "arr.zarr"
+    jask.from_numpy(A).to_zarr(p)
+    os.rename(p, tmp_path / f".arr.zarr.jask-old-{os.getpid()}-abc123")
+    np.testing.assert_array_equal(np.asarray(jask.from_zarr(p)), A)
+
+
+def test_recover_removes_dead_process_temporaries(small_tiles, tmp_path):
+    A = _rand((5, 7), 23)
+    p = tmp_path / "arr.zarr"
+    jask.from_numpy(A).to_zarr(p)
+    dead = tmp_path / f".arr.zarr.jask-tmp-{_dead_pid()}-abc123"
+    live = tmp_path / f".arr.zarr.jask-tmp-{os.getpid()}-def456"
+    dead.mkdir()
+    live.mkdir()
+    recover(str(p))
+    assert not dead.exists(), "an incomplete temporary of a dead process was kept"
+    assert live.exists(), "a temporary of a live process (possibly still writing) was removed"
+    np.testing.assert_array_equal(zarr.open_array(p, mode="r")[...], A)
+
+
+def test_recover_leaves_complete_store_alone(small_tiles, tmp_path):
+    A = _rand((5, 7), 24)
+    p = tmp_path / "arr.zarr"
+    jask.from_numpy(A).to_zarr(p)
+    recover(str(p))
+    recover(str(tmp_path / "missing.zarr"))
+    assert sorted(os.listdir(tmp_path)) == ["arr.zarr"]
+    np.testing.assert_array_equal(zarr.open_array(p, mode="r")[...], A)
+
+
+# ---------------------------------------------------------------- scratch hygiene
+
+def _stores(folder):
+    return sorted(n for n in os.listdir(folder) if n.endswith(".zarr") or ".jask-" in n)
+
+
+def test_scratch_freed_after_eager_work(small_tiles, private_scratch):
+    A, B = _rand((5, 7), 25), _rand((5, 7), 26)
+    pdir = scratch.process_dir()
+    assert os.path.dirname(pdir) == str(private_scratch)
+    a, b = jask.from_numpy(A), jask.from_numpy(B)
+    c = (a + b).persist()
+    s = jask.sum(jask.mul(c, c))
+    ga, gb = jax.grad(lambda a, b: jask.sum(jask.square(a - b)), argnums=(0, 1))(a, b)
+    np.testing.assert_allclose(float(s), float(np.sum((A + B) ** 2)), rtol=1e-5)
+    np.asarray(ga), np.asarray(gb)
+    assert _stores(pdir), "the work should have used scratch stores"
+    del a, b, c, ga, gb
+    gc.collect()
+    assert _stores(pdir) == []
+
+
+def test_scratch_freed_after_jitted_work(small_tiles, private_scratch):
+    """Stores used by a compiled call are released by the next eager jask call at the latest."""
+    A, B = _rand((5, 7), 27), _rand((5, 7), 28)
+    pdir = scratch.process_dir()
+    a, b = jask.from_numpy(A), jask.from_numpy(B)
+    f = jax.jit(jax.grad(lambda a, b: jask.sum(jask.square(a - b)), argnums=(0, 1)))
+    ga, gb = f(a, b)
+    p = jax.jit(lambda a: jask.persist(a * 2.0))(a)
+    np.testing.assert_allclose(np.asarray(p), 2 * A, rtol=1e-6)
+    np.asarray(ga)
+    assert _stores(pdir)
+    del a, b, ga, gb, p
+    gc.collect()
+    x = jask.from_numpy(A)
+    jask.sum(x)  # an eager op: a safe point
+    del x
+    gc.collect()
+    assert _stores(pdir) == []
+
+
+def test_failed_computation_leaves_no_scratch(small_tiles, private_scratch):
+    A = _rand((5, 7), 29)
+    pdir = scratch.process_dir()
+    a = jask.from_numpy(A)
+    d = a - a
+    lazy = jask.mul(d, d)  # d has two consumers: it is written to scratch first
+    os.rename(a.path, a.path + ".moved")
+    try:
+        with pytest.raises(FileNotFoundError):
+            np.asarray(lazy)
+    finally:
+        os.rename(a.path + ".moved", a.path)
+    hidden = [n for n in os.listdir(pdir) if ".jask-tmp-" in n]
+    assert hidden == [], "a half-written temporary was left in scratch"
+
+
+def test_cleanup_scratch_removes_only_dead_process_folders(tmp_path):
+    root = tmp_path / "root"
+    dead = root / f"jask-{_dead_pid()}-abcd1234"
+    mine = root / f"jask-{os.getpid()}-abcd1234"
+    parent = root / f"jask-{os.getppid()}-abcd1234"
+    other = root / "jask-notapid-abcd1234"
+    unrelated = root / "something-else"
+    for d in (dead, mine, parent, other, unrelated):
+        d.mkdir(parents=True)
+        (d / "x.zarr").mkdir()
+    removed = jask.cleanup_scratch(str(root))
+    assert removed == [dead.name]
+    assert not dead.exists()
+    for d in (mine, parent, other, unrelated):
+        assert d.exists(), d
+    assert jask.cleanup_scratch(str(root)) == []
+    assert jask.cleanup_scratch(str(tmp_path / "missing")) == []
+
+
+def test_process_dir_is_per_process(private_scratch):
+    pdir = scratch.process_dir()
+    name = os.path.basename(pdir)
+    prefix, pid, token = name.split("-")
+    assert prefix == "jask" and int(pid) == os.getpid() and len(token) == 8
+    assert scratch.process_dir() == pdir
+    path = scratch.new_path()
+    assert os.path.dirname(path) == pdir and path.endswith(".zarr") and not os.path.exists(path)
+
+
+def test_stale_process_folder_swept_on_first_use(small_tiles, tmp_path):
+    root = tmp_path / "scratch"
+    stale = root / f"jask-{_dead_pid()}-deadbeef"
+    (stale / "array-0.zarr").mkdir(parents=True)
+    jask.set_memory_budget(config.memory_budget, scratch_dir=root, allow_tmpfs=True)
+    x = jask.from_numpy(_rand((5, 7), 30))
+    assert os.path.dirname(x.path) == scratch.process_dir()
+    assert not stale.exists()
+
+
+# ---------------------------------------------------------------- array facts
+
+def test_diskarray_properties(small_tiles):
+    A = _rand((5, 7), 31)
+    x = jask.from_numpy(A)
+    assert x.shape == (5, 7)
+    assert x.dtype == np.float32
+    assert x.ndim == 2
+    assert x.size == 35
+    assert x.nbytes == 35 * 4
+    assert len(x) == 5
+    assert x.chunks == (4, 4)
+    assert os.path.isdir(x.path)
+    r = repr(x)
+    assert "shape=(5, 7)" in r and "float32" in r and "chunks=(4, 4)" in r and x.path in r
+
+
+def test_lazy_diskarray_properties(small_tiles):
+    a = jask.from_numpy(_rand((3, 5, 6), 32))
+    y = jask.transpose(a, axes=(2, 0, 1)) * 2.0
+    assert y.shape == (6, 3, 5) and y.ndim == 3 and y.size == 90 and y.nbytes == 360
+    assert y.dtype == np.float32
+    assert y.path is None
+    assert y.chunks == (4, 3, 4)
+    r = repr(y)
+    assert "shape=(6, 3, 5)" in r and "lazy=mul" in r
+    stored = y.persist()
+    assert stored.path is not None and os.path.isdir(stored.path)
+    assert "store=" in repr(stored)
+
+
+def test_zero_dim_len_refused(small_tiles):
+    x = jask.from_numpy(np.float32(3.0))
+    assert x.shape == () and x.ndim == 0 and x.size == 1
+    with pytest.raises(TypeError, match="len"):
+        len(x)
