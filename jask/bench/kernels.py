@@ -1,0 +1,200 @@
+"""Kernel benchmark: one op through a jask backend versus plain jnp, on the same in-memory data.
+
+    python -m jask.bench.kernels --op=dot --n=4096 --block=512 --backend=xla --repeat=5
+
+The jask side drives the backend seam exactly as the executor does -- every
+output tile's ``index_map`` entries, blocks fetched and folded with
+``output_tile`` -- but reads blocks from in-memory arrays instead of Zarr, so
+the figure is the kernel layer's cost alone (``--path=jask`` runs the whole
+pipeline from Zarr stores instead). Prints per-op median and best wall time,
+GFLOP/s (dot) or GB/s (the rest), the ratio to ``jax.jit`` of the same jnp
+expression timed in the same run, and the same ratio in process CPU seconds
+(steadier when other work shares the machine).
+"""
+from __future__ import annotations
+
+import dataclasses
+import itertools
+import math
+import os
+import statistics
+import time
+from typing import Callable
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from absl import app, flags
+
+from jask.base.op import TiledInput
+
+FLAGS = flags.FLAGS
+flags.DEFINE_list("op", ["dot"], "ops to time: " + "dot, add, sub, mul, square, sum, transpose")
+flags.DEFINE_integer("n", 4096, "arrays are n x n")
+flags.DEFINE_integer("block", 512, "tile edge (blocks are block x block)")
+flags.DEFINE_enum("backend", "xla", ["auto", "xla", "pallas", "pallas-interpret"], "jask backend")
+flags.DEFINE_integer("repeat", 5, "timed repetitions (after one warm-up)")
+flags.DEFINE_enum("dtype", "float32", ["float32", "bfloat16", "float16"], "element dtype")
+flags.DEFINE_enum("blocks_from", "jax", ["jax", "numpy"],
+                  "kernel path: slice blocks from the jax arrays jnp gets (the same in-memory data), "
+                  "or from NumPy arrays, which adds a host copy per block as Zarr reads do")
+flags.DEFINE_enum("path", "kernel", ["kernel", "jask"],
+                  "kernel: the backend seam on in-memory blocks; jask: the full pipeline from Zarr stores")
+
+
+@dataclasses.dataclass(frozen=True)
+class Case:
+    """One benchmarked op: how to build it, its jnp twin and its work in flops or bytes."""
+
+    make_op: Callable
+    n_inputs: int
+    ref: Callable
+    public: str
+    flops: Callable[[int], float] | None = None
+    bytes_moved: Callable[[int, int], float] | None = None
+
+
+def _cases():
+    from jask.linalg.add import Add
+    from jask.linalg.dot import Dot
+    from jask.linalg.mul import MulArrays
+    from jask.linalg.square import Square
+    from jask.linalg.sub import Sub
+    from jask.linalg.sum import Sum
+    from jask.linalg.transpose import Transpose
+    ew2 = lambda n, s: 3 * n * n * s  # noqa: E731 - read two, write one
+    return {
+        "dot": Case(Dot.from_inputs, 2, jnp.matmul, "dot", flops=lambda n: 2.0 * n ** 3),
+        "add": Case(Add.from_inputs, 2, jnp.add, "add", bytes_moved=ew2),
+        "sub": Case(Sub.from_inputs, 2, jnp.subtract, "sub", bytes_moved=ew2),
+        "mul": Case(MulArrays.from_inputs, 2, jnp.multiply, "mul", bytes_moved=ew2),
+        "square": Case(Square.from_inputs, 1, jnp.square, "square", bytes_moved=lambda n, s: 2 * n * n * s),
+        "sum": Case(Sum.from_inputs, 1, jnp.sum, "sum", bytes_moved=lambda n, s: n * n * s),
+        "transpose": Case(Transpose.from_inputs, 1, jnp.transpose, "transpose",
+                          bytes_moved=lambda n, s: 2 * n * n * s),
+    }
+
+
+def _regions(idx, shape, block):
+    return tuple(slice(i * b, min((i + 1) * b, d)) for i, b, d in zip(idx, block, shape))
+
+
+def _cut(x, reg):
+    """One block of ``x``: a NumPy view, or for a jax array one ``lax.slice`` (not jnp's indexing machinery)."""
+    if isinstance(x, np.ndarray):
+        return x[reg]
+    return jax.lax.slice(x, [r.start for r in reg], [r.stop for r in reg])
+
+
+def run_kernel_path(case: Case, inputs, block: int, backend_name: str):
+    """Every output tile through ``backend.output_tile``; returns a function computing the whole output."""
+    from jask import kernels
+    tiled = [TiledInput(x.shape, x.dtype, tuple(min(block, d) for d in x.shape)) for x in inputs]
+    op = case.make_op(*tiled)
+    backend = kernels.get_backend(backend_name)
+    kernel = backend.compile(op)
+    out_shape = tuple(op.output_shape(*[x.shape for x in inputs]))
+    out_dtype = np.dtype(op.output_dtype(*[x.dtype for x in inputs]))
+    out_block = tuple(min(block, d) for d in out_shape)
+    out_grid = tuple(math.ceil(d / b) for d, b in zip(out_shape, out_block))
+
+    def fetch(entry):
+        return [_cut(x, _regions(b, x.shape, t.block_shape)) for x, b, t in zip(inputs, entry, tiled)]
+
+    def compute():
+        """Every output tile, finished one after another as the executor's sink takes them.
+
+        Tiles stay where the backend put them: copying them into one array is the sink's job.
+        """
+        return [(idx, jax.block_until_ready(backend.output_tile(kernel, op.index_map(idx), fetch, out_dtype)))
+                for idx in itertools.product(*map(range, out_grid))]
+
+    def assemble(tiles):
+        out = np.empty(out_shape, out_dtype)
+        for idx, tile in tiles:
+            out[_regions(idx, out_shape, out_block)] = np.asarray(tile)
+        return out
+
+    return compute, assemble
+
+
+def run_jask_path(case: Case, inputs, block: int, backend_name: str):
+    """The whole pipeline: Zarr stores in, the op, ``materialize`` out (scalars come back directly)."""
+    import jask
+    jask.config.update("backend", backend_name)
+    jask.config.update("tile", block)
+    arrays = [jask.from_numpy(x, chunks=tuple(min(block, d) for d in x.shape)) for x in inputs]
+    fn = getattr(jask, case.public)
+
+    def compute():
+        return np.asarray(fn(*arrays))
+
+    return compute, lambda out: out
+
+
+def _time_interleaved(fns, repeat):
+    """Wall and process-CPU seconds of each function, run alternately so background load hits both alike.
+
+    CPU seconds (all threads of this process) are the steadier figure on a
+    shared machine: time spent waiting for a core does not count.
+    """
+    for fn in fns:
+        jax.block_until_ready(fn())  # warm-up: compiles
+    times = [([], []) for _ in fns]
+    for _ in range(repeat):
+        for fn, (wall, cpu) in zip(fns, times):
+            t0, c0 = time.perf_counter(), time.process_time()
+            jax.block_until_ready(fn())
+            wall.append(time.perf_counter() - t0)
+            cpu.append(time.process_time() - c0)
+    return times
+
+
+def bench_op(name: str, n: int, block: int, backend: str, repeat: int, dtype: str, path: str = "kernel",
+             blocks_from: str = "jax") -> dict:
+    """Time one op; returns the figures printed by ``main``."""
+    case = _cases()[name]
+    rng = np.random.default_rng(0)
+    inputs = [rng.standard_normal((n, n)).astype(jnp.dtype(dtype)) for _ in range(case.n_inputs)]
+    ref_inputs = [jnp.asarray(x) for x in inputs]
+    ref = jax.jit(case.ref)
+    runner = run_kernel_path if path == "kernel" else run_jask_path
+    data = ref_inputs if (path == "kernel" and blocks_from == "jax") else inputs
+    compute, assemble = runner(case, data, block, backend)
+    (ref_times, ref_cpu), (times, cpu) = _time_interleaved([lambda: ref(*ref_inputs), compute], repeat)
+    got, want = assemble(compute()), np.asarray(ref(*ref_inputs))
+    err = float(np.max(np.abs(np.asarray(got, np.float32) - np.asarray(want, np.float32))))
+    med, ref_med = statistics.median(times), statistics.median(ref_times)
+    if case.flops:
+        rate, unit = case.flops(n) / med / 1e9, "GFLOP/s"
+        ref_rate = case.flops(n) / ref_med / 1e9
+    else:
+        work = case.bytes_moved(n, jnp.dtype(dtype).itemsize)
+        rate, unit, ref_rate = work / med / 1e9, "GB/s", work / ref_med / 1e9
+    return dict(op=name, backend=backend, path=path, blocks_from=blocks_from, n=n, block=block, dtype=dtype,
+                median_s=med, best_s=min(times), rate=rate, unit=unit,
+                jnp_median_s=ref_med, jnp_rate=ref_rate, ratio=med / ref_med,
+                cpu_s=statistics.median(cpu), jnp_cpu_s=statistics.median(ref_cpu),
+                cpu_ratio=statistics.median(cpu) / statistics.median(ref_cpu), max_abs_err=err)
+
+
+def main(argv):
+    del argv
+    print(f"jax {jax.__version__} on {jax.default_backend()} ({jax.device_count()} device(s)); "
+          f"path={FLAGS.path}{', blocks from ' + FLAGS.blocks_from if FLAGS.path == 'kernel' else ''}; median of {FLAGS.repeat} after a warm-up, "
+          f"jnp and jask runs interleaved; load average {os.getloadavg()[0]:.2f} on {os.cpu_count()} cpus")
+    for name in FLAGS.op:
+        if name not in _cases():
+            raise app.UsageError(f"unknown --op {name!r}; choose from {sorted(_cases())}")
+        r = bench_op(name, FLAGS.n, FLAGS.block, FLAGS.backend, FLAGS.repeat, FLAGS.dtype, FLAGS.path,
+                     FLAGS.blocks_from)
+        print(f"{r['op']:>9} n={r['n']} block={r['block']} {r['dtype']} backend={r['backend']}: "
+              f"{r['median_s'] * 1e3:9.2f} ms (best {r['best_s'] * 1e3:.2f}) {r['rate']:8.2f} {r['unit']} | "
+              f"jnp {r['jnp_median_s'] * 1e3:9.2f} ms {r['jnp_rate']:8.2f} {r['unit']} | "
+              f"ratio {r['ratio']:.2f}x | cpu {r['cpu_s']:.2f} s vs {r['jnp_cpu_s']:.2f} s, "
+              f"ratio {r['cpu_ratio']:.2f}x | max |err| {r['max_abs_err']:.2e}")
+    print(f"load average at the end: {os.getloadavg()[0]:.2f}")
+
+
+if __name__ == "__main__":
+    app.run(main)
