@@ -1,26 +1,32 @@
-"""The ``xla`` backend: each op method jitted once, tiles folded on the host."""
+"""The ``xla`` backend: one jitted step per op, tiles folded on the host."""
 from __future__ import annotations
 
 import jax
 import jax.numpy as jnp
 
 
+def _widen(x):
+    """Accumulate low-precision floats (bf16, f16) in float32."""
+    if jnp.issubdtype(x.dtype, jnp.floating) and jnp.dtype(x.dtype).itemsize < 4:
+        return x.astype(jnp.float32)
+    return x
+
+
 class TileKernel:
-    """Compiled per-tile functions of one op instance."""
+    """Compiled per-tile functions of one op instance: the first partial, and partial-plus-fold."""
 
     def __init__(self, op):
         self.op = op
-        self.forward = jax.jit(op.forward_block)
-        self.combine = jax.jit(op.combine)
+        self.first = jax.jit(lambda *blocks: _widen(op.forward_block(*blocks)))
+        self.step = jax.jit(lambda acc, *blocks: op.combine(acc, _widen(op.forward_block(*blocks))))
 
 
 class XlaBackend:
-    """Runs ``forward_block`` per entry and folds partials with ``combine``.
+    """Runs ``forward_block`` per entry and folds partials with ``combine``, fused in one call.
 
     Only the accumulator and one entry's blocks are alive at a time: JAX
     dispatches asynchronously, so before starting entry k+1 we wait for the
-    accumulator of entry k-1, keeping at most two entries in flight. Low
-    precision partials are accumulated in float32 and cast back once.
+    accumulator of entry k-1, keeping at most two entries in flight.
     """
 
     name = "xla"
@@ -33,8 +39,6 @@ class XlaBackend:
         for entry in entries:
             if previous is not None:
                 previous.block_until_ready()
-            partial = kernel.forward(*fetch(entry))
-            if jnp.dtype(partial.dtype).itemsize < 4 and jnp.issubdtype(partial.dtype, jnp.floating):
-                partial = partial.astype(jnp.float32)
-            previous, acc = acc, (partial if acc is None else kernel.combine(acc, partial))
+            blocks = fetch(entry)
+            previous, acc = acc, (kernel.first(*blocks) if acc is None else kernel.step(acc, *blocks))
         return None if acc is None else jnp.asarray(acc).astype(out_dtype)
