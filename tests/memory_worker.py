@@ -6,23 +6,32 @@ process, so the measuring process's lifetime peak RSS only reflects the workload
 """
 import json
 import os
-import resource
 import sys
 
 import numpy as np
 import zarr
 
 
-def rss_now() -> int:
+def _status(field: str) -> int:
     with open("/proc/self/status") as f:
         for line in f:
-            if line.startswith("VmRSS:"):
+            if line.startswith(field + ":"):
                 return int(line.split()[1]) * 1024
-    raise RuntimeError("no VmRSS")
+    raise RuntimeError(f"no {field} in /proc/self/status")
+
+
+def rss_now() -> int:
+    return _status("VmRSS")
 
 
 def peak_rss() -> int:
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+    """This process's own peak RSS.
+
+    VmHWM, not ``getrusage().ru_maxrss``: Linux carries ru_maxrss across
+    fork+exec, so a child of a large pytest process would report the parent's
+    footprint as its own peak.
+    """
+    return _status("VmHWM")
 
 
 def make(path, n, chunk, seed):
@@ -67,7 +76,7 @@ def main():
         raise SystemExit(f"unknown workload {workload}")
     print(json.dumps(dict(workload=workload, growth=peak_rss() - base, base=base,
                           projected=stats.peak_projected_bytes, budget=jask.config.config.memory_budget,
-                          array_bytes=a.nbytes, bytes_read=stats.bytes_read,
+                          array_bytes=a.nbytes, bytes_read=stats.bytes_read, backend=jask.kernels.backend_name(),
                           bytes_written=stats.bytes_written, value=value)))
 
 

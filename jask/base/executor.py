@@ -151,16 +151,19 @@ class Plan:
     projected_bytes: int
     budget: int
     live: object = None
+    groups: list = dataclasses.field(default_factory=list)
 
     def describe(self) -> str:
         lines = [f"plan: tile edge {self.tile}, projected peak {human_bytes(self.projected_bytes)} "
                  f"of budget {human_bytes(self.budget)}"]
         fused_ids = {id(n) for n in self.fused}
-        for n in self.stages:
-            inner = [self.prepared[id(f)].name for f in _leaves_and_ops(n, fused_ids, self.live)[1][1:]]
-            extra = f" (fused: {', '.join(inner)})" if inner else ""
-            lines.append(f"  {self.prepared[id(n)].name} -> {n.shape} {n.dtype}, "
-                         f"grid {grid(n.shape, self.tile)}{extra}")
+        for group in self.groups:
+            for k, n in enumerate(group):
+                inner = [self.prepared[id(f)].name for f in _leaves_and_ops(n, fused_ids, self.live)[1][1:]]
+                extra = f" (fused: {', '.join(inner)})" if inner else ""
+                lead = "  " if k == 0 else "  + in lockstep: "
+                lines.append(f"{lead}{self.prepared[id(n)].name} -> {n.shape} {n.dtype}, "
+                             f"grid {grid(n.shape, self.tile)}{extra}")
         return "\n".join(lines)
 
 
@@ -221,24 +224,48 @@ def tile_bytes(node: Node, tile: int) -> int:
     return _elements(node.shape, tile) * max(node.dtype.itemsize, 4)
 
 
-def projected_bytes(stages, fused_ids, tile: int, live) -> int:
-    """Projected peak bytes of executing ``stages`` with tile edge ``tile``.
+def _stage_bytes(node, fused_ids, tile: int, live) -> int:
+    leaves, ops = _leaves_and_ops(node, fused_ids, live)
+    return (SLOTS_PER_LEAF * sum(tile_bytes(n, tile) for n in leaves)
+            + SLOTS_PER_OP * sum(tile_bytes(n, tile) for n in ops)
+            + SLOTS_FIXED * tile_bytes(node, tile))
+
+
+def projected_bytes(groups, fused_ids, tile: int, live) -> int:
+    """Projected peak bytes of executing ``groups`` of stages with tile edge ``tile``.
 
     Per stage, each term charged at the tile size of the array it belongs to:
     ``SLOTS_PER_LEAF`` tiles for each distinct leaf input read while pulling one
-    output tile (the decoded chunk and the array handed to the kernel),
-    ``SLOTS_PER_OP`` for each op on the pull path (partial and accumulator), and
-    ``SLOTS_FIXED`` output tiles (the finished tile and its write). Stages run one
-    after another, so the plan's peak is the largest stage.
+    output tile (raw chunk bytes, the assembled region, the device copy, one
+    read ahead), ``SLOTS_PER_OP`` for each op on the pull path (partial and
+    accumulator), and ``SLOTS_FIXED`` output tiles (the finished tile and its
+    write). Stages of one group run in lockstep, so their needs add up; groups
+    run one after another, so the plan's peak is the largest group.
     """
-    peak = 0
+    return max((sum(_stage_bytes(n, fused_ids, tile, live) for n in group) for group in groups), default=0)
+
+
+def _lockstep_groups(stages, prepared, fused_ids, tile, live) -> list[list[OpNode]]:
+    """Split stages into groups computed tile by tile together, sharing reads.
+
+    Consecutive stages join one group when they have the same shape, each
+    output tile is a single entry (elementwise-like), and none reads another
+    member's output. Gradients ``da`` and ``db`` of ``a - b`` then read their
+    shared inputs once per tile instead of once per gradient.
+    """
+    groups: list[list[OpNode]] = []
+    joinable = False
     for node in stages:
-        leaves, ops = _leaves_and_ops(node, fused_ids, live)
-        need = (SLOTS_PER_LEAF * sum(tile_bytes(n, tile) for n in leaves)
-                + SLOTS_PER_OP * sum(tile_bytes(n, tile) for n in ops)
-                + SLOTS_FIXED * tile_bytes(node, tile))
-        peak = max(peak, need)
-    return peak
+        simple = (node.shape != () and not isinstance(prepared[id(node)].op, CustomOp)
+                  and _one_entry_per_tile(node, prepared[id(node)], tile))
+        if simple and joinable and groups[-1][0].shape == node.shape:
+            leaves = {id(n) for n in _leaves_and_ops(node, fused_ids, live)[0]}
+            if not any(id(m) in leaves for m in groups[-1]):
+                groups[-1].append(node)
+                continue
+        groups.append([node])
+        joinable = simple
+    return groups
 
 
 def _entries(prep: Prepared, node: OpNode, out_idx):
@@ -337,9 +364,10 @@ def plan(roots) -> Plan:
                 fused_ids.add(id(n))
         fused = [n for n in live_order if id(n) in fused_ids]
         stages = [n for n in live_order if id(n) not in fused_ids]
-        need = projected_bytes(stages, fused_ids, tile, live)
+        groups = _lockstep_groups(stages, prepared, fused_ids, tile, live)
+        need = projected_bytes(groups, fused_ids, tile, live)
         if need <= config.memory_budget:
-            return Plan(tile, list(roots), stages, fused, prepared, need, config.memory_budget, live)
+            return Plan(tile, list(roots), stages, fused, prepared, need, config.memory_budget, live, groups)
         if config.tile is not None or tile <= MIN_TILE_EDGE:
             names = ", ".join(prepared[id(n)].name for n in stages)
             raise ValueError(
@@ -358,6 +386,8 @@ class Executor:
         self.plan = p
         self.tile = p.tile
         self.backend = kernels.get_backend()
+        self.memo: dict | None = None  # (node, block) -> tile, while computing one output tile
+        self._inside_loop = 0          # >0 while pulling entries of a multi-entry op: do not memoize
 
     def read(self, node: StoredNode, idx):
         t0 = time.perf_counter()
@@ -373,7 +403,16 @@ class Executor:
         return np.zeros(_block_at(node.shape, idx, self.tile), node.dtype)
 
     def tile_of(self, node: Node, idx):
+        """One tile of ``node``; within a lockstep output tile each (node, tile) is computed once."""
         node = node.resolved()
+        if self.memo is None or self._inside_loop or isinstance(node, (ScalarNode, ZerosNode)):
+            return self._tile_of(node, idx)
+        key = (id(node), tuple(idx))
+        if key not in self.memo:
+            self.memo[key] = self._tile_of(node, idx)
+        return self.memo[key]
+
+    def _tile_of(self, node: Node, idx):
         if isinstance(node, StoredNode):
             return self.read(node, idx)
         if isinstance(node, ScalarNode):
@@ -386,7 +425,12 @@ class Executor:
         fetch = lambda entry: [self.placeholder(i, b) if p in unused else self.tile_of(i, b)
                                for p, (i, b) in enumerate(zip(node.inputs, entry))]
         t0 = time.perf_counter()
-        out = self.backend.output_tile(prep.kernel, entries, fetch, node.dtype)
+        loop = len(entries) > 1
+        self._inside_loop += loop
+        try:
+            out = self.backend.output_tile(prep.kernel, entries, fetch, node.dtype)
+        finally:
+            self._inside_loop -= loop
         _count(kernel_calls=len(entries), compute_seconds=time.perf_counter() - t0)
         expected = _block_at(node.shape, idx, self.tile)
         if out is None:
@@ -396,24 +440,30 @@ class Executor:
                              f"for output tile {tuple(idx)}, expected {expected}")
         return out
 
-    def compute(self, node: OpNode, sink) -> None:
-        op = self.plan.prepared[id(node)].op
+    def compute(self, nodes: list[OpNode], sinks) -> None:
+        """Compute a lockstep group (usually one node): every tile index in turn, for each member."""
+        op = self.plan.prepared[id(nodes[0])].op
         if isinstance(op, CustomOp):
-            algo = OOCAlgorithm(self, node, sink)
-            op.forward(algo, *node.inputs)
+            algo = OOCAlgorithm(self, nodes[0], sinks[0])
+            op.forward(algo, *nodes[0].inputs)
             algo.check_complete()
             return
-        for idx in itertools.product(*map(range, grid(node.shape, self.tile))):
+        for idx in itertools.product(*map(range, grid(nodes[0].shape, self.tile))):
+            self.memo = {}
             try:
-                tile = np.asarray(self.tile_of(node, idx))
-            except Exception as e:
-                e.add_note(f"while computing tile {idx} of {self.plan.prepared[id(node)].name} "
-                           f"{node.shape} {node.dtype}")
-                raise
-            t0 = time.perf_counter()
-            sink.write(region(idx, node.shape, self.tile), tile)
-            _count(tiles=1, bytes_written=tile.nbytes if sink.counts_io else 0,
-                   io_seconds=time.perf_counter() - t0)
+                for node, sink in zip(nodes, sinks):
+                    try:
+                        tile = np.asarray(self.tile_of(node, idx))
+                    except Exception as e:
+                        e.add_note(f"while computing tile {idx} of {self.plan.prepared[id(node)].name} "
+                                   f"{node.shape} {node.dtype}")
+                        raise
+                    t0 = time.perf_counter()
+                    sink.write(region(idx, node.shape, self.tile), tile)
+                    _count(tiles=1, bytes_written=tile.nbytes if sink.counts_io else 0,
+                           io_seconds=time.perf_counter() - t0)
+            finally:
+                self.memo = None
 
 
 class OOCAlgorithm:
@@ -544,31 +594,41 @@ def explain(*arrays) -> str:
 
 
 def _planned_io(p: Plan) -> tuple[int, int]:
-    """Bytes the plan reads from stored arrays and writes for its stages, by walking index maps."""
+    """Bytes the plan reads from stored arrays and writes for its stages, by walking index maps.
+
+    Mirrors the executor: within one output tile of a lockstep group each
+    (array, tile) is read once, except inside the entry loop of a multi-entry op.
+    """
     fused_ids = {id(n) for n in p.fused}
     read = 0
 
-    def reads(node, idx):
+    def reads(node, idx, seen, in_loop, stage):
         nonlocal read
         node = node.resolved()
+        key = (id(node), tuple(idx))
+        if not in_loop and key in seen:
+            return
+        seen.add(key)
         if isinstance(node, StoredNode):
             read += int(np.prod(_block_at(node.shape, idx, p.tile))) * node.dtype.itemsize
-        elif isinstance(node, OpNode) and (id(node) in fused_ids or node is current):
+        elif isinstance(node, OpNode) and (id(node) in fused_ids or node is stage):
             prep = p.prepared[id(node)]
             live = set(live_positions(node, prep.op))
-            for entry in _entries(prep, node, idx):
+            entries = _entries(prep, node, idx)
+            for entry in entries:
                 for pos, (inp, b) in enumerate(zip(node.inputs, entry)):
                     if pos in live:
-                        reads(inp, b)
+                        reads(inp, b, seen, in_loop or len(entries) > 1, stage)
 
     written = 0
-    for current in p.stages:
-        if isinstance(p.prepared[id(current)].op, CustomOp):
+    for group in p.groups:
+        if isinstance(p.prepared[id(group[0])].op, CustomOp):
             continue
-        for idx in itertools.product(*map(range, grid(current.shape, p.tile))):
-            reads(current, idx)
-        if current.shape != ():
-            written += _nbytes(current)
+        for idx in itertools.product(*map(range, grid(group[0].shape, p.tile))):
+            seen = set()
+            for stage in group:
+                reads(stage, idx, seen, False, stage)
+        written += sum(_nbytes(n) for n in group if n.shape != ())
     return read, written
 
 
@@ -595,7 +655,8 @@ def run(roots, make_sinks=None):
                 results[i] = _copy(ex, rr, make_sinks(r, p.tile))
             else:
                 results[i] = rr
-    for node in p.stages:
+    for group in p.groups:
+        node = group[0]
         i = root_ids.get(id(node))
         if node.shape == () and i is not None:
             try:
@@ -604,15 +665,18 @@ def run(roots, make_sinks=None):
                 e.add_note(f"while computing {p.prepared[id(node)].name} {node.dtype} scalar")
                 raise
             continue
-        sink = make_sinks(node, p.tile) if (i is not None and make_sinks is not None) else ScratchSink(node, p.tile)
+        sinks = [make_sinks(n, p.tile) if (id(n) in root_ids and make_sinks is not None)
+                 else ScratchSink(n, p.tile) for n in group]
         try:
-            ex.compute(node, sink)
+            ex.compute(group, sinks)
         except BaseException:
-            sink.abort()
+            for sink in sinks:
+                sink.abort()
             raise
-        out = sink.finish()
-        if i is not None:
-            results[i] = out
+        for n, sink in zip(group, sinks):
+            out = sink.finish()
+            if id(n) in root_ids:
+                results[root_ids[id(n)]] = out
     return results
 
 

@@ -61,4 +61,4 @@ def tile_jaxpr(op, *blocks, backend: str | None = None):
     kernel = b.compile(op)
     if isinstance(b, PallasBackend):
         return kernel.jaxpr(*blocks)
-    return jax.make_jaxpr(kernel.forward)(*blocks)
+    return jax.make_jaxpr(kernel.first)(*blocks)
