@@ -74,7 +74,14 @@ class Store:
 
     @property
     def chunks(self) -> tuple[int, ...]:
+        """Chunk shape (for a sharded array: the inner chunks, the kernel tiles)."""
         return tuple(self.array.chunks)
+
+    @property
+    def shards(self) -> tuple[int, ...] | None:
+        """Shard shape (the unit of disk I/O), or None when the array is not sharded."""
+        shards = getattr(self.array, "shards", None)
+        return None if shards is None else tuple(shards)
 
     def read(self, region: tuple[slice, ...]) -> np.ndarray:
         """Read one region (a tile) into a fresh NumPy array."""
@@ -92,25 +99,46 @@ class Store:
 
 
 class PendingStore:
-    """A store being written under a hidden name; :meth:`commit` makes it visible."""
+    """A store being written under a hidden name; :meth:`commit` makes it visible.
 
-    def __init__(self, final_path: str, shape, dtype, chunks, compressors=None):
+    Every chunk is written, even all-zero ones, and the array is marked
+    ``attributes["jask"]["dense"]``, so readers can tell a missing chunk file
+    (damage) from an unwritten one. With ``shards``, the array uses the Zarr v3
+    sharding codec: ``shards`` is the shape of one shard file (the unit of disk
+    I/O) and ``chunks`` its inner chunks (the tiles). Uncompressed chunks and
+    shards are written by :mod:`jask.io.writer` straight from the tiles (shards
+    by appending, instead of zarr-python rewriting a shard for every tile).
+    """
+
+    def __init__(self, final_path: str, shape, dtype, chunks, compressors=None, shards=None):
         self.final_path = os.path.abspath(final_path)
         os.makedirs(os.path.dirname(self.final_path), exist_ok=True)
         self.tmp_path = _sibling(self.final_path, "tmp")
+        shards = None if shards is None else tuple(int(s) for s in shards)
+        if shards is not None:
+            check_shards(shape, chunks, shards)
         self.array = zarr.create_array(
             self.tmp_path, shape=tuple(shape), dtype=np.dtype(dtype), chunks=tuple(chunks),
-            compressors=compressors, fill_value=0, zarr_format=3)
+            shards=shards, compressors=compressors, fill_value=0, zarr_format=3,
+            config={"write_empty_chunks": True}, attributes={"jask": {"dense": True}})
         self._finalizer = weakref.finalize(self, _remove_tree, self.tmp_path)
+        from jask.io.writer import make_chunk_writer
+        self._writer = make_chunk_writer(self.array, self.tmp_path)
 
     def write(self, region: tuple[slice, ...], block) -> None:
-        self.array[region] = np.asarray(block)
+        """Write one region; not thread-safe (one writer at a time, e.g. a :class:`jask.io.writer.WriteBehind`)."""
+        if self._writer is not None:
+            self._writer.write(tuple(region), np.asarray(block))
+        else:
+            self.array[region] = np.asarray(block)
 
     def abort(self) -> None:
         self._finalizer()
 
     def commit(self, owned: bool, replace: bool = False, writable: bool = False) -> tuple[Store, str | None]:
         """Rename onto the final path; returns the store and, when replacing, the old folder's new name."""
+        if self._writer is not None:
+            self._writer.finish()
         old_aside = None
         if os.path.exists(self.final_path):
             if not replace:
@@ -127,6 +155,15 @@ class PendingStore:
         _fsync_dir(os.path.dirname(self.final_path))
         array = zarr.open_array(self.final_path, mode="r+" if writable else "r")
         return Store(self.final_path, array, owned=owned, writable=writable), old_aside
+
+
+def check_shards(shape, chunks, shards) -> None:
+    """Refuse a shard shape that does not hold a whole number of chunks per axis."""
+    if len(shards) != len(shape) or any(s < 1 for s in shards):
+        raise ValueError(f"shards {tuple(shards)} do not fit an array of shape {tuple(shape)}")
+    if any(s % c for s, c in zip(shards, chunks)):
+        raise ValueError(f"shards {tuple(shards)} must be whole multiples of chunks {tuple(chunks)} "
+                         "along every axis")
 
 
 def recover(path: str) -> None:

@@ -1,0 +1,577 @@
+"""Reading tiles ahead of the computation.
+
+Two pieces:
+
+* :class:`TileReader` reads one region of one store into a NumPy buffer by
+  the fastest route the store's layout allows. Uncompressed chunks (plain or
+  inside shards) are read with ``preadv`` straight from the chunk file into the
+  destination buffer: one system call and no decode, copy or allocation
+  inside zarr. Compressed Zarr v3 chunks are decoded by TensorStore when it
+  is installed (it decodes on its own thread pool); everything else
+  (Zarr v2, 0-d arrays, no TensorStore) goes through zarr-python's
+  ``get_basic_selection(out=...)``, which also fills the preallocated buffer.
+* :class:`Prefetcher` walks an ordered list of read requests on background
+  threads, at most ``depth`` of them in flight or finished but not yet taken,
+  and hands the results to the consumer strictly in order. A failed read stops
+  the other threads and is raised in the consumer as :class:`TileReadError`,
+  which names the store and the tile.
+
+Stores jask writes store every chunk (``attributes.jask.dense``), so a chunk
+file that is missing there is damage and raises :class:`MissingChunkError`;
+in other stores a missing chunk reads as the fill value, as Zarr specifies.
+"""
+from __future__ import annotations
+
+import math
+import os
+import sys
+import threading
+import time
+import weakref
+from collections import OrderedDict
+from typing import NamedTuple
+
+import numpy as np
+
+MAX_UINT64 = np.uint64(2**64 - 1)
+_INDEX_CACHE = 256  # shard indexes kept per reader (16 bytes per inner chunk each)
+
+
+# ---------------------------------------------------------------- errors
+
+class TileReadError(RuntimeError):
+    """Reading one tile failed; ``path``, ``tile`` and ``region`` say which.
+
+    The original exception is ``__cause__``.
+    """
+
+    def __init__(self, message, path=None, tile=None, region=None):
+        super().__init__(message)
+        self.path, self.tile, self.region = path, tile, region
+
+
+class MissingChunkError(TileReadError, FileNotFoundError):
+    """A chunk (or the whole store) that must exist is not on disk."""
+
+
+class TileKey(NamedTuple):
+    """A prefetch key that names a tile in messages while telling apart arrays with the same tile index."""
+
+    array: object
+    tile: tuple
+
+
+def describe_region(region) -> str:
+    return "[" + ", ".join(f"{s.start}:{s.stop}" for s in region) + "]"
+
+
+# ---------------------------------------------------------------- layout
+
+ALIGNMENT = 4096
+
+
+def aligned_empty(shape, dtype, alignment: int = ALIGNMENT) -> np.ndarray:
+    """An uninitialised C-order array whose data starts on an ``alignment``-byte boundary.
+
+    NumPy places large arrays 16 bytes past a page boundary. XLA on CPU takes
+    an input buffer without copying only when it is 64-byte aligned, so tiles
+    read into aligned buffers reach the kernel with no copy at all.
+    """
+    dtype = np.dtype(dtype)
+    nbytes = math.prod(shape) * dtype.itemsize
+    raw = np.empty(nbytes + alignment, np.uint8)
+    start = -raw.ctypes.data % alignment
+    return raw[start:start + nbytes].view(dtype).reshape(shape)
+
+
+class BufferPool:
+    """Aligned read buffers, handed out again once nothing but the pool refers to them.
+
+    A fresh 16 MiB buffer costs thousands of page faults and the kernel zeroing
+    every page, which halves read throughput from a warm page cache. A buffer
+    is reused only when Python holds no other reference to it or to its memory
+    (every NumPy view and every zero-copy JAX array keeps one), so a tile still
+    in use is never overwritten. At most ``keep`` buffers of each shape are kept.
+    """
+
+    def __init__(self, keep: int = 4):
+        self.keep = keep
+        self.allocated = 0
+        self.reused = 0
+        self._free: dict[tuple, list[np.ndarray]] = {}
+        self._lock = threading.Lock()
+
+    def get(self, shape, dtype) -> np.ndarray:
+        key = (tuple(shape), np.dtype(dtype).str)
+        with self._lock:
+            bufs = self._free.setdefault(key, [])
+            for i in range(len(bufs)):
+                # Free when held only by the list, ``b`` and getrefcount's argument, and its
+                # memory's owner only by ``b.base`` and the argument.
+                b = bufs[i]
+                if sys.getrefcount(b) == 3 and sys.getrefcount(b.base) == 2:
+                    self.reused += 1
+                    bufs.append(bufs.pop(i))
+                    return b
+                del b
+            buf = aligned_empty(key[0], key[1])
+            self.allocated += 1
+            bufs.append(buf)
+            if len(bufs) > self.keep:
+                bufs.pop(0)
+            return buf
+
+    def clear(self) -> None:
+        with self._lock:
+            self._free.clear()
+
+
+class _Layout:
+    """What :class:`TileReader` needs to know about a store's on-disk layout.
+
+    ``mode`` is ``"chunk"`` (one uncompressed chunk per file), ``"shard"``
+    (uncompressed inner chunks in sharded files) or ``"zarr"`` (let zarr decode).
+    """
+
+    def __init__(self, array):
+        from zarr.codecs import BytesCodec, Crc32cCodec, ShardingCodec
+        self.array = array
+        self.mode = "zarr"
+        self.dtype = np.dtype(array.dtype)
+        self.shape = tuple(array.shape)
+        self.outer = tuple(array.chunks if getattr(array, "shards", None) is None else array.shards)
+        self.chunk = tuple(array.chunks)
+        meta = array.metadata
+        if getattr(meta, "zarr_format", 2) != 3 or not self.shape or self.dtype.kind not in "biuf":
+            return
+        if self.dtype.byteorder == ">" or (self.dtype.itemsize > 1 and sys.byteorder != "little"):
+            return
+
+        def raw(codecs):
+            return (len(codecs) == 1 and isinstance(codecs[0], BytesCodec)
+                    and (self.dtype.itemsize == 1 or getattr(codecs[0].endian, "value", codecs[0].endian)
+                         in ("little", None)))
+
+        codecs = tuple(meta.codecs)
+        self.encode_key = meta.encode_chunk_key
+        if raw(codecs):
+            self.mode = "chunk"
+        elif len(codecs) == 1 and isinstance(codecs[0], ShardingCodec) and raw(tuple(codecs[0].codecs)):
+            sharding = codecs[0]
+            idx = tuple(sharding.index_codecs)
+            if not (raw(idx[:1]) and all(isinstance(c, Crc32cCodec) for c in idx[1:]) and len(idx) <= 2):
+                return
+            self.mode = "shard"
+            self.per_shard = tuple(s // c for s, c in zip(self.outer, self.chunk))
+            self.index_crc = len(idx) == 2
+            self.index_bytes = 16 * math.prod(self.per_shard) + (4 if self.index_crc else 0)
+            self.index_at_end = getattr(sharding.index_location, "value", sharding.index_location) == "end"
+
+
+class TileReader:
+    """Reads regions of one :class:`jask.io.store.Store` into NumPy buffers.
+
+    Safe to call from several threads at once.
+    """
+
+    def __init__(self, store):
+        self.array = store.array    # not the store itself: that would keep owned scratch alive
+        self.path = store.path
+        self.layout = _Layout(store.array)
+        attrs = getattr(store.array, "attrs", {}) or {}
+        self.dense = bool((attrs.get("jask") or {}).get("dense", False))
+        self._indexes: OrderedDict = OrderedDict()
+        self._lock = threading.Lock()
+        self._ts = _open_tensorstore(self.path, self.array) if self.layout.mode == "zarr" else None
+
+    @property
+    def mode(self) -> str:
+        """``chunk`` or ``shard`` (direct reads), ``tensorstore`` or ``zarr`` (decoding libraries)."""
+        return "tensorstore" if self._ts is not None else self.layout.mode
+
+    def read(self, region, out: np.ndarray | None = None) -> np.ndarray:
+        """Read ``region`` (a tuple of slices) into ``out`` (allocated when None) and return it."""
+        region = tuple(region)
+        shape = tuple(s.stop - s.start for s in region)
+        if out is None:
+            out = aligned_empty(shape, self.layout.dtype)
+        elif out.shape != shape or out.dtype != self.layout.dtype:
+            raise ValueError(f"read buffer of shape {out.shape} {out.dtype} does not fit region "
+                             f"{describe_region(region)} of {self.path} ({self.layout.dtype})")
+        if not os.path.isdir(self.path):
+            raise MissingChunkError(f"the Zarr store at {self.path} was deleted while still in use",
+                                    path=self.path, region=region)
+        if self.layout.mode == "zarr":
+            self._read_zarr(region, out)
+        else:
+            self._read_direct(region, out)
+        return out
+
+    # ------------------------------------------------------------ zarr route
+
+    def _read_zarr(self, region, out):
+        from zarr.core.buffer.cpu import NDBuffer
+        if self.dense and self.layout.shape:
+            for coords in _covering(region, self.layout.outer):
+                self._require_file(coords)
+        if self._ts is not None:
+            out[...] = self._ts[region].read().result()
+        elif out.ndim == 0:
+            out[...] = self.array[()]
+        else:
+            self.array.get_basic_selection(region, out=NDBuffer.from_numpy_array(out))
+
+    def _require_file(self, outer_coords):
+        key = self.array.metadata.encode_chunk_key(outer_coords) \
+            if hasattr(self.array.metadata, "encode_chunk_key") else None
+        if key is not None and not os.path.exists(os.path.join(self.path, key)):
+            raise MissingChunkError(f"chunk file {key} of {self.path} is missing", path=self.path)
+
+    # ------------------------------------------------------------ direct route
+
+    def _read_direct(self, region, out):
+        lay = self.layout
+        for coords in _covering(region, lay.chunk):
+            start = tuple(c * n for c, n in zip(coords, lay.chunk))
+            inner = tuple(slice(max(s.start, b) - b, min(s.stop, b + n) - b)
+                          for s, b, n in zip(region, start, lay.chunk))
+            dest = out[tuple(slice(b + i.start - s.start, b + i.stop - s.start)
+                             for s, b, i in zip(region, start, inner))]
+            if lay.mode == "chunk":
+                self._read_chunk_file(coords, inner, dest)
+            else:
+                self._read_inner_chunk(coords, inner, dest)
+
+    def _open(self, key):
+        path = os.path.join(self.path, key)
+        try:
+            return os.open(path, os.O_RDONLY)
+        except FileNotFoundError:
+            if self.dense:
+                raise MissingChunkError(f"chunk file {key} of {self.path} is missing",
+                                        path=self.path) from None
+            return None
+
+    def _read_chunk_file(self, coords, inner, dest):
+        fd = self._open(self.layout.encode_key(coords))
+        if fd is None:
+            dest[...] = self.array.fill_value
+            return
+        try:
+            nbytes = self._chunk_nbytes()
+            size = os.fstat(fd).st_size
+            if size != nbytes:
+                raise ValueError(f"chunk file {self.layout.encode_key(coords)} of {self.path} has "
+                                 f"{size} bytes, expected {nbytes} for an uncompressed chunk")
+            _pread_chunk(fd, 0, self.layout.chunk, inner, dest)
+        finally:
+            os.close(fd)
+
+    def _chunk_nbytes(self):
+        return math.prod(self.layout.chunk) * self.layout.dtype.itemsize
+
+    def _read_inner_chunk(self, coords, inner, dest):
+        lay = self.layout
+        shard = tuple(c // p for c, p in zip(coords, lay.per_shard))
+        key = lay.encode_key(shard)
+        fd = self._open(key)
+        if fd is None:
+            dest[...] = self.array.fill_value
+            return
+        try:
+            index = self._index(shard, key, fd)
+            offset, length = (int(v) for v in index[tuple(c % p for c, p in zip(coords, lay.per_shard))])
+            if offset == int(MAX_UINT64):
+                if self.dense:
+                    raise MissingChunkError(f"inner chunk {tuple(coords)} is missing from shard {key} "
+                                            f"of {self.path}", path=self.path)
+                dest[...] = self.array.fill_value
+                return
+            if length != self._chunk_nbytes():
+                raise ValueError(f"inner chunk {tuple(coords)} in shard {key} of {self.path} has "
+                                 f"{length} bytes, expected {self._chunk_nbytes()}")
+            _pread_chunk(fd, offset, lay.chunk, inner, dest)
+        finally:
+            os.close(fd)
+
+    def _index(self, shard, key, fd):
+        lay = self.layout
+        with self._lock:
+            hit = self._indexes.get(shard)
+            if hit is not None and hit[0] == os.fstat(fd).st_mtime_ns:
+                self._indexes.move_to_end(shard)
+                return hit[1]
+        mtime = os.fstat(fd).st_mtime_ns
+        size = os.fstat(fd).st_size
+        if size < lay.index_bytes:
+            raise ValueError(f"shard {key} of {self.path} has {size} bytes, fewer than its index "
+                             f"({lay.index_bytes})")
+        raw = os.pread(fd, lay.index_bytes, size - lay.index_bytes if lay.index_at_end else 0)
+        if len(raw) != lay.index_bytes:
+            raise OSError(f"short read of the index of shard {key} of {self.path}")
+        body = raw[:16 * math.prod(lay.per_shard)]
+        if lay.index_crc:
+            import google_crc32c
+            if google_crc32c.value(body) != int.from_bytes(raw[-4:], "little"):
+                raise ValueError(f"shard {key} of {self.path} has a corrupt index (crc32c mismatch)")
+        index = np.frombuffer(body, "<u8").reshape(lay.per_shard + (2,))
+        with self._lock:
+            self._indexes[shard] = (mtime, index)
+            while len(self._indexes) > _INDEX_CACHE:
+                self._indexes.popitem(last=False)
+        return index
+
+
+USE_TENSORSTORE = True   # read compressed Zarr v3 stores with TensorStore when it is installed
+
+
+def _open_tensorstore(path, array):
+    """A TensorStore view of a Zarr v3 array for compressed reads, or None (not installed, or not v3).
+
+    TensorStore decodes chunks on its own thread pool, so one reader thread
+    keeps both cores decoding; zarr-python decodes one chunk at a time here.
+    Its chunk cache is turned off: cached chunks would count against no budget.
+    """
+    if not USE_TENSORSTORE or getattr(array.metadata, "zarr_format", 2) != 3 or not array.shape:
+        return None
+    try:
+        import tensorstore as ts
+    except ImportError:
+        return None
+    try:
+        return ts.open({"driver": "zarr3", "kvstore": {"driver": "file", "path": path},
+                        "context": {"cache_pool": {"total_bytes_limit": 0}}},
+                       read=True, open=True).result()
+    except Exception:  # anything TensorStore cannot open, zarr-python still reads
+        return None
+
+
+def _covering(region, chunk):
+    """Chunk coordinates (C order) of the chunks of edge ``chunk`` that ``region`` touches."""
+    ranges = [range(s.start // c, -(-s.stop // c)) for s, c in zip(region, chunk)]
+    if not ranges:
+        yield ()
+        return
+    for coords in np.ndindex(*[len(r) for r in ranges]):
+        yield tuple(r[i] for r, i in zip(ranges, coords))
+
+
+def _pread_into(fd, view: memoryview, offset: int) -> None:
+    done = 0
+    while done < len(view):
+        n = os.preadv(fd, [view[done:]], offset + done)
+        if n == 0:
+            raise OSError(f"unexpected end of file after {offset + done} bytes")
+        done += n
+
+
+def _pread_chunk(fd, offset, chunk_shape, inner, dest):
+    """Read the part ``inner`` of a C-order chunk stored at ``offset`` into ``dest``."""
+    itemsize = dest.dtype.itemsize
+    full_tail = all(i.start == 0 and i.stop == n for i, n in zip(inner[1:], chunk_shape[1:]))
+    if full_tail and dest.flags.c_contiguous:
+        # Whole chunk, or a run of its leading rows: one contiguous byte range.
+        row = math.prod(chunk_shape[1:]) * itemsize
+        _pread_into(fd, memoryview(dest).cast("B"), offset + inner[0].start * row)
+        return
+    scratch = aligned_empty(chunk_shape, dest.dtype)
+    _pread_into(fd, memoryview(scratch).cast("B"), offset)
+    dest[...] = scratch[inner]
+
+
+_readers: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+
+
+def reader_for(store) -> TileReader:
+    """The :class:`TileReader` of ``store``, kept (with its shard indexes) as long as the store lives."""
+    r = _readers.get(store)
+    if r is None or r.path != store.path or r.array is not store.array:
+        r = TileReader(store)
+        _readers[store] = r
+    return r
+
+
+# ---------------------------------------------------------------- prefetching
+
+class Prefetcher:
+    """Reads requests ahead on background threads and yields them in order.
+
+    Parameters
+    ----------
+    requests : iterable
+        Ordered ``(key, read)`` pairs. ``read`` is a zero-argument callable
+        returning the value, or a ``(store, region)`` pair read with
+        :func:`reader_for` into a recycled aligned buffer. ``key`` is yielded
+        back with the value and names the tile in error messages: a tile index,
+        or a :class:`TileKey` when several arrays share tile indices.
+    depth : int
+        Most requests held at once: being read, or read and not yet taken by
+        the consumer. The value last yielded to the consumer is not counted.
+        ``depth=2`` is double buffering.
+    threads : int, optional
+        Reader threads (default ``min(depth, 2)``).
+    place : callable, optional
+        Applied to each value on the reader thread, e.g. ``jax.device_put``.
+    count : callable, optional
+        Called on the consumer's thread as ``count(bytes_read=..., io_seconds=...,
+        io_wait_seconds=...)`` for each value taken, e.g. ``executor._count``.
+
+    Iterating yields ``(key, value)``. ``max_held`` is the most requests ever
+    held at once (never above ``depth``); ``reads`` counts reads started.
+    Use it as a context manager, or call :meth:`close`, so threads stop when
+    the consumer leaves early.
+    """
+
+    def __init__(self, requests, depth: int = 2, threads: int | None = None, place=None, count=None):
+        if int(depth) < 1:
+            raise ValueError(f"Prefetcher depth must be at least 1, got {depth!r}")
+        self.depth = int(depth)
+        self.place = place
+        self.count = count
+        self.max_held = 0
+        self.held = 0
+        self.reads = 0
+        self.wait_seconds = 0.0
+        self.pool = BufferPool(keep=2 * self.depth + 2)
+        self._requests = iter(requests)
+        self._cv = threading.Condition()
+        self._slots = threading.Semaphore(self.depth)
+        self._results: dict[int, tuple] = {}
+        self._next_in = 0          # sequence number of the next request to start
+        self._next_out = 0         # sequence number the consumer takes next
+        self._end: int | None = None   # sequence number one past the last request
+        self._stop = False
+        self._closed = False
+        n = max(1, min(self.depth, 2) if threads is None else int(threads))
+        self._threads = [threading.Thread(target=self._work, name=f"jask-read-{i}", daemon=True)
+                         for i in range(n)]
+        for t in self._threads:
+            t.start()
+
+    # ------------------------------------------------------------ workers
+
+    def _work(self):
+        while True:
+            self._slots.acquire()
+            with self._cv:
+                if self._stop or self._end is not None:
+                    self._slots.release()
+                    return
+                seq = self._next_in
+                try:
+                    key, read = next(self._requests)
+                except StopIteration:
+                    self._end = seq
+                    self._cv.notify_all()
+                    self._slots.release()
+                    return
+                except BaseException as e:  # the request list itself failed
+                    self._end = seq + 1
+                    self._results[seq] = ("error", None, e, None, 0.0)
+                    self._stop = True
+                    self._cv.notify_all()
+                    self._slots.release()
+                    return
+                self._next_in += 1
+                self.held += 1
+                self.reads += 1
+                self.max_held = max(self.max_held, self.held)
+            t0 = time.perf_counter()
+            try:
+                value = self._read(read)
+                if self.place is not None:
+                    value = self.place(value)
+                result = ("ok", key, value, read, time.perf_counter() - t0)
+            except BaseException as e:
+                result = ("error", key, e, read, time.perf_counter() - t0)
+            with self._cv:
+                self._results[seq] = result
+                if result[0] == "error":
+                    self._stop = True   # no new reads once one failed
+                self._cv.notify_all()
+
+    def _read(self, read):
+        if callable(read):
+            return read()
+        store, region = read
+        reader = reader_for(store)
+        out = self.pool.get(tuple(s.stop - s.start for s in region), reader.layout.dtype)
+        return reader.read(region, out=out)
+
+    # ------------------------------------------------------------ consumer
+
+    def __iter__(self):
+        return self
+
+    def __next__(self):
+        t0 = time.perf_counter()
+        with self._cv:
+            while self._next_out not in self._results:
+                if self._closed or (self._end is not None and self._next_out >= self._end):
+                    raise StopIteration
+                self._cv.wait()
+            status, key, value, read, seconds = self._results.pop(self._next_out)
+            self._next_out += 1
+            self.held -= 1
+        self._slots.release()
+        waited = time.perf_counter() - t0
+        self.wait_seconds += waited
+        if status == "error":
+            self.close()
+            raise _read_error(key, value, read) from value
+        if self.count is not None:
+            self.count(bytes_read=int(getattr(value, "nbytes", 0)), io_seconds=seconds,
+                       io_wait_seconds=waited)
+        return key, value
+
+    def close(self) -> None:
+        """Stop the reader threads (a read already under way finishes first) and drop held values."""
+        with self._cv:
+            self._stop = self._closed = True
+            self._results.clear()
+            self._cv.notify_all()
+        for _ in self._threads:
+            self._slots.release()
+        for t in self._threads:
+            if t is not threading.current_thread():
+                t.join()
+        with self._cv:
+            self._results.clear()
+            self.held = 0
+        self.pool.clear()
+
+    @property
+    def alive_threads(self) -> int:
+        return sum(t.is_alive() for t in self._threads)
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+        return False
+
+    def __del__(self):
+        if hasattr(self, "_threads") and not self._stop:
+            with self._cv:
+                self._stop = True
+                self._cv.notify_all()
+            for _ in self._threads:
+                self._slots.release()
+
+
+def _read_error(key, err, read) -> TileReadError:
+    """A :class:`TileReadError` naming the store, tile and region of a failed read."""
+    path = region = None
+    if read is not None and not callable(read):
+        store, region = read
+        path = getattr(store, "path", None)
+    path = path or getattr(err, "path", None)
+    tile = key.tile if isinstance(key, TileKey) else key
+    where = f"tile {tile!r}" if key is not None else "the list of tiles to read"
+    if region is not None:
+        where += f" (region {describe_region(region)})"
+    if path is not None:
+        where += f" of {path}"
+    cls = MissingChunkError if isinstance(err, FileNotFoundError) else TileReadError
+    return cls(f"reading {where} failed: {type(err).__name__}: {err}", path=path, tile=tile, region=region)
