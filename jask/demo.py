@@ -22,7 +22,7 @@ flags.DEFINE_integer("rows", 524_288, "Number of samples.")
 flags.DEFINE_integer("features", 256, "Number of features.")
 flags.DEFINE_string("budget", "64MB", "jask memory budget.")
 flags.DEFINE_integer("steps", 10, "Optimizer steps.")
-flags.DEFINE_float("lr", 0.05, "Adam learning rate.")
+flags.DEFINE_float("lr", 0.01, "Adam learning rate.")
 flags.DEFINE_string("data_dir", "jask-demo-data", "Where the Zarr data set is written (a real disk).")
 flags.DEFINE_boolean("keep", True, "Reuse an existing data set of the same shape instead of rebuilding it.")
 

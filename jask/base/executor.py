@@ -24,6 +24,7 @@ accumulator per node, are alive at any time.
 """
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import itertools
 import math
@@ -35,12 +36,16 @@ import numpy as np
 from jask import kernels
 from jask.base.graph import Node, OpNode, ScalarNode, StoredNode, ZerosNode
 from jask.base.op import CustomOp, TiledInput
+from jask.io.reader import Prefetcher, TileKey, reader_for
+from jask.io.writer import WriteBehind
 
 MAX_TILE_ELEMENTS = 2**24  # 64 MiB of float32: bigger tiles stop paying off
 MIN_TILE_EDGE = 8
 SLOTS_PER_LEAF = 4         # raw chunk bytes, the assembled region, the device copy, one read ahead
 SLOTS_PER_OP = 2           # one partial and one accumulator per op on the pull path
 SLOTS_FIXED = 2            # the finished output tile and its write buffer
+PREFETCH_DEPTH = 2         # input tiles read ahead of the kernel (counted in SLOTS_PER_LEAF)
+WRITE_DEPTH = 2            # output tiles queued behind the computation (counted in SLOTS_FIXED)
 
 
 # ---------------------------------------------------------------- tiling
@@ -108,6 +113,7 @@ class Stats:
     arrays_written: int = 0
     io_seconds: float = 0.0
     compute_seconds: float = 0.0
+    io_wait_seconds: float = 0.0
     plans: int = 0
     peak_projected_bytes: int = 0
 
@@ -387,13 +393,30 @@ class Executor:
         self.tile = p.tile
         self.backend = kernels.get_backend()
         self.memo: dict | None = None  # (node, block) -> tile, while computing one output tile
+        self._stream = None            # the Prefetcher feeding read() during a pass
         self._inside_loop = 0          # >0 while pulling entries of a multi-entry op: do not memoize
 
     def read(self, node: StoredNode, idx):
+        if self._stream is not None:
+            key, block = next(self._stream)
+            if key != TileKey(id(node), tuple(idx)):
+                raise RuntimeError(f"read-ahead out of step: expected tile {tuple(idx)}, got {key.tile}")
+            return block
         t0 = time.perf_counter()
-        block = node.store.read(region(idx, node.shape, self.tile))
+        block = reader_for(node.store).read(region(idx, node.shape, self.tile))
         _count(bytes_read=block.nbytes, io_seconds=time.perf_counter() - t0)
         return block
+
+    @contextlib.contextmanager
+    def streaming(self, group, indices, memo: bool = True):
+        """Read ahead, on background threads, every stored tile computing ``indices`` will read."""
+        requests = read_requests(self.plan, group, indices, memo)
+        with Prefetcher(requests, depth=PREFETCH_DEPTH, count=_count) as stream:
+            self._stream = stream
+            try:
+                yield
+            finally:
+                self._stream = None
 
     def placeholder(self, node: Node, idx):
         """Zeros shaped like a block the op does not read (its shape may still matter)."""
@@ -448,22 +471,31 @@ class Executor:
             op.forward(algo, *nodes[0].inputs)
             algo.check_complete()
             return
-        for idx in itertools.product(*map(range, grid(nodes[0].shape, self.tile))):
-            self.memo = {}
-            try:
-                for node, sink in zip(nodes, sinks):
-                    try:
-                        tile = np.asarray(self.tile_of(node, idx))
-                    except Exception as e:
-                        e.add_note(f"while computing tile {idx} of {self.plan.prepared[id(node)].name} "
-                                   f"{node.shape} {node.dtype}")
-                        raise
-                    t0 = time.perf_counter()
-                    sink.write(region(idx, node.shape, self.tile), tile)
-                    _count(tiles=1, bytes_written=tile.nbytes if sink.counts_io else 0,
-                           io_seconds=time.perf_counter() - t0)
-            finally:
-                self.memo = None
+        indices = list(itertools.product(*map(range, grid(nodes[0].shape, self.tile))))
+        with contextlib.ExitStack() as stack:
+            stack.enter_context(self.streaming(nodes, indices))
+            writers = [stack.enter_context(WriteBehind(sink, depth=WRITE_DEPTH,
+                                                       count=_count if sink.counts_io else _count_wait))
+                       for sink in sinks]
+            for idx in indices:
+                self.memo = {}
+                try:
+                    for node, writer in zip(nodes, writers):
+                        try:
+                            tile = self.tile_of(node, idx)
+                        except Exception as e:
+                            e.add_note(f"while computing tile {idx} of {self.plan.prepared[id(node)].name} "
+                                       f"{node.shape} {node.dtype}")
+                            raise
+                        writer.put(region(idx, node.shape, self.tile), tile, key=idx)
+                        _count(tiles=1)
+                finally:
+                    self.memo = None
+
+
+def _count_wait(io_wait_seconds=0.0, **_):
+    """Count only waiting time (for sinks whose writes are not disk I/O, like materialize)."""
+    _count(io_wait_seconds=io_wait_seconds)
 
 
 class OOCAlgorithm:
@@ -593,41 +625,50 @@ def explain(*arrays) -> str:
     return p.describe() + f"\n  reads {human_bytes(moved[0])}, writes {human_bytes(moved[1])}"
 
 
-def _planned_io(p: Plan) -> tuple[int, int]:
-    """Bytes the plan reads from stored arrays and writes for its stages, by walking index maps.
+def read_requests(p: Plan, group, indices, memo: bool = True):
+    """The stored tiles computing ``indices`` of a group reads, in the executor's exact order.
 
-    Mirrors the executor: within one output tile of a lockstep group each
-    (array, tile) is read once, except inside the entry loop of a multi-entry op.
+    Yields ``(TileKey, (store, region))``. Mirrors :meth:`Executor.tile_of`:
+    depth-first over entries and live inputs; with ``memo``, each (node, tile)
+    is visited once per output tile, except inside a multi-entry op's loop.
     """
-    fused_ids = {id(n) for n in p.fused}
-    read = 0
-
-    def reads(node, idx, seen, in_loop, stage):
-        nonlocal read
+    def visit(node, idx, seen, in_loop):
         node = node.resolved()
-        key = (id(node), tuple(idx))
-        if not in_loop and key in seen:
+        if isinstance(node, (ScalarNode, ZerosNode)):
             return
-        seen.add(key)
+        key = (id(node), tuple(idx))
+        if seen is not None and not in_loop:
+            if key in seen:
+                return
+            seen.add(key)
         if isinstance(node, StoredNode):
-            read += int(np.prod(_block_at(node.shape, idx, p.tile))) * node.dtype.itemsize
-        elif isinstance(node, OpNode) and (id(node) in fused_ids or node is stage):
+            yield TileKey(id(node), tuple(idx)), (node.store, region(idx, node.shape, p.tile))
+        elif isinstance(node, OpNode):
             prep = p.prepared[id(node)]
             live = set(live_positions(node, prep.op))
             entries = _entries(prep, node, idx)
+            inner = in_loop or len(entries) > 1
             for entry in entries:
                 for pos, (inp, b) in enumerate(zip(node.inputs, entry)):
                     if pos in live:
-                        reads(inp, b, seen, in_loop or len(entries) > 1, stage)
+                        yield from visit(inp, b, seen, inner)
 
-    written = 0
+    for idx in indices:
+        seen = set() if memo else None
+        for node in group:
+            yield from visit(node, idx, seen, False)
+
+
+def _planned_io(p: Plan) -> tuple[int, int]:
+    """Bytes the plan reads from stored arrays and writes for its stages (from :func:`read_requests`)."""
+    read = written = 0
     for group in p.groups:
         if isinstance(p.prepared[id(group[0])].op, CustomOp):
             continue
-        for idx in itertools.product(*map(range, grid(group[0].shape, p.tile))):
-            seen = set()
-            for stage in group:
-                reads(stage, idx, seen, False, stage)
+        scalar = group[0].shape == ()
+        indices = [()] if scalar else itertools.product(*map(range, grid(group[0].shape, p.tile)))
+        for _, (store, reg) in read_requests(p, group, indices, memo=not scalar):
+            read += int(np.prod([r.stop - r.start for r in reg])) * store.dtype.itemsize
         written += sum(_nbytes(n) for n in group if n.shape != ())
     return read, written
 
@@ -660,7 +701,9 @@ def run(roots, make_sinks=None):
         i = root_ids.get(id(node))
         if node.shape == () and i is not None:
             try:
-                results[i] = np.asarray(ex.tile_of(node, ()))
+                with ex.streaming(group, [()], memo=False):
+                    results[i] = np.asarray(ex.tile_of(node, ()))
+                _count(tiles=1)
             except Exception as e:
                 e.add_note(f"while computing {p.prepared[id(node)].name} {node.dtype} scalar")
                 raise
