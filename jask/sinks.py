@@ -69,11 +69,14 @@ def materialize(x) -> jax.Array:
     return MaterializePrimitive(type_of(x))(x)
 
 
-def to_zarr(x, path, overwrite: bool = False, chunks=None, compressors=None) -> None:
+def to_zarr(x, path, overwrite: bool = False, chunks=None, compressors=None, shards=None) -> None:
     """Write ``x`` to a Zarr v3 array at ``path``; it appears only once complete.
 
     An existing ``path`` is refused unless ``overwrite=True``, in which case the
-    old array stays readable until the new one is complete.
+    old array stays readable until the new one is complete, and arrays already
+    open on it keep their old values. ``shards`` writes the sharded layout (a
+    shard file per ``shards`` block of ``chunks``-sized tiles), the fastest to
+    stream.
     """
     _require("to_zarr", x)
     if compat.is_traced(x):
@@ -86,12 +89,8 @@ def to_zarr(x, path, overwrite: bool = False, chunks=None, compressors=None) -> 
         if len(chunks) != x.ndim or any(c < 1 for c in chunks):
             raise ValueError(f"to_zarr: chunks {chunks} do not fit an array of shape {x.shape}")
     runtime.safe_point()
-    (result,) = executor.run([x._node], lambda node, tile: executor.PathSink(
-        node, tile, path, overwrite=overwrite, chunks=chunks, compressors=compressors))
-    store, old_aside = result
-    if old_aside is not None:
-        from jask.io.store import _remove_tree
-        _remove_tree(old_aside)
+    executor.run([x._node], lambda node, tile: executor.PathSink(
+        node, tile, path, overwrite=overwrite, chunks=chunks, compressors=compressors, shards=shards))
 
 
 def update_(target: DiskArray, new_value) -> None:
@@ -117,10 +116,9 @@ def update_(target: DiskArray, new_value) -> None:
             raise ValueError(f"update_: the store at {old.store.path} was opened read-only; "
                              "open it with jask.from_zarr(path, mode='r+') to update it")
         old_store = old.store
-        (result,) = executor.run([new_value._node], lambda node, tile: executor.PathSink(
-            node, tile, old_store.path, overwrite=True, writable=True, chunks=old_store.chunks))
-        store, old_aside = result
-        old_store.become_scratch(old_aside)
+        (store,) = executor.run([new_value._node], lambda node, tile: executor.PathSink(
+            node, tile, old_store.path, overwrite=True, writable=True, chunks=old_store.chunks,
+            shards=old_store.shards))
         target._node = StoredNode(store)
         return
     # Stored values are immutable, so the target may share the new value's storage.

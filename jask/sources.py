@@ -54,7 +54,7 @@ def from_numpy(arr, chunks=None) -> DiskArray:
     except BaseException:
         pending.abort()
         raise
-    store, _ = pending.commit(owned=True)
+    store = pending.commit(owned=True)
     return DiskArray(node=StoredNode(store))
 
 

@@ -404,3 +404,37 @@ def test_zero_dim_len_refused(small_tiles):
     assert x.shape == () and x.ndim == 0 and x.size == 1
     with pytest.raises(TypeError, match="len"):
         len(x)
+
+
+def test_arrays_open_on_a_replaced_path_keep_their_values(tmp_path, small_tiles):
+    """Arrays are values: replacing a path does not change arrays already open on it."""
+    p = tmp_path / "x.zarr"
+    jask.from_numpy(np.ones((9, 6), np.float32)).to_zarr(p)
+    x = jask.from_zarr(p)
+    lazy = x * 2.0
+    jask.from_numpy(np.full((9, 6), 5, np.float32)).to_zarr(p, overwrite=True)
+    np.testing.assert_array_equal(np.asarray(x), 1.0)
+    np.testing.assert_array_equal(np.asarray(lazy), 2.0)
+    np.testing.assert_array_equal(np.asarray(jask.from_zarr(p)), 5.0)
+
+    writer, reader = jask.from_zarr(p, mode="r+"), jask.from_zarr(p)
+    writer.update_(writer * 3.0)
+    np.testing.assert_array_equal(np.asarray(reader), 5.0)
+    np.testing.assert_array_equal(np.asarray(writer), 15.0)
+    np.testing.assert_array_equal(np.asarray(jask.from_zarr(p)), 15.0)
+
+    assert len(os.listdir(tmp_path)) > 1  # the old contents live on for x, lazy and reader
+    del x, lazy, reader
+    gc.collect()
+    assert sorted(os.listdir(tmp_path)) == ["x.zarr"]
+
+
+def test_to_zarr_sharded_layout(tmp_path, small_tiles):
+    data = np.arange(16 * 8, dtype=np.float32).reshape(16, 8)
+    jask.from_numpy(data).to_zarr(tmp_path / "s.zarr", chunks=(4, 4), shards=(8, 8))
+    z = zarr.open_array(tmp_path / "s.zarr", mode="r")
+    assert tuple(z.shards) == (8, 8) and tuple(z.chunks) == (4, 4)
+    np.testing.assert_array_equal(np.asarray(jask.from_zarr(tmp_path / "s.zarr")), data)
+    with pytest.raises(ValueError, match="multiples of chunks"):
+        jask.from_numpy(data).to_zarr(tmp_path / "t.zarr", chunks=(4, 4), shards=(6, 8))
+    assert not (tmp_path / "t.zarr").exists()

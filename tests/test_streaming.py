@@ -35,7 +35,7 @@ def _write(path, a, chunks, shards=None, compressors=None, tile=None):
     pending = PendingStore(str(path), a.shape, a.dtype, chunks, compressors=compressors, shards=shards)
     for reg in _regions(a.shape, tile or chunks):
         pending.write(reg, a[reg])
-    store, _ = pending.commit(owned=False)
+    store = pending.commit(owned=False)
     return store
 
 
@@ -394,7 +394,7 @@ def test_write_behind_converts_jax_arrays_on_its_thread(tmp_path):
     with WriteBehind(pending, depth=2) as w:
         for reg in _regions(a.shape, (8, 8)):
             w.put(reg, jnp.asarray(a[reg]) * 2)
-    store, _ = pending.commit(owned=False)
+    store = pending.commit(owned=False)
     np.testing.assert_array_equal(zarr.open_array(store.path)[...], a * 2)
 
 
@@ -408,7 +408,7 @@ def test_sharded_store_is_written_once_per_chunk_and_visible_only_on_commit(tmp_
     for reg in _regions(a.shape, (8, 8)):
         pending.write(reg, a[reg])
         assert not os.path.exists(path)
-    store, _ = pending.commit(owned=False)
+    store = pending.commit(owned=False)
     assert store.shards == (16, 48) and store.chunks == (8, 8)
     # Each shard file holds each inner chunk exactly once, plus its index and crc32c.
     for key in ("c/0/0", "c/1/0"):

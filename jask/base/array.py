@@ -228,10 +228,10 @@ class DiskArray:
         out = to_numpy(self)
         return out if dtype is None else out.astype(dtype)
 
-    def to_zarr(self, path, overwrite: bool = False, chunks=None, compressors=None) -> None:
+    def to_zarr(self, path, overwrite: bool = False, chunks=None, compressors=None, shards=None) -> None:
         """Write this array to a new Zarr v3 store at ``path`` (atomic: complete or absent)."""
         from jask.sinks import to_zarr
-        to_zarr(self, path, overwrite=overwrite, chunks=chunks, compressors=compressors)
+        to_zarr(self, path, overwrite=overwrite, chunks=chunks, compressors=compressors, shards=shards)
 
     def update_(self, new_value) -> "DiskArray":
         """Overwrite this array with ``new_value`` (same shape and dtype), atomically."""

@@ -563,7 +563,7 @@ class ScratchSink:
         self.pending.write(reg, tile)
 
     def finish(self):
-        store, _ = self.pending.commit(owned=True)
+        store = self.pending.commit(owned=True)
         _count(arrays_written=1)
         self.node.set_result(StoredNode(store))
         return self.node.result
@@ -577,11 +577,12 @@ class PathSink:
 
     counts_io = True
 
-    def __init__(self, node, tile, path, overwrite=False, writable=False, chunks=None, compressors=None):
+    def __init__(self, node, tile, path, overwrite=False, writable=False, chunks=None, compressors=None,
+                 shards=None):
         from jask.io.store import PendingStore
         self.overwrite, self.writable = overwrite, writable
         self.pending = PendingStore(path, node.shape, node.dtype, chunks or block_shape(node.shape, tile),
-                                    compressors=compressors)
+                                    compressors=compressors, shards=shards)
 
     def write(self, reg, tile):
         self.pending.write(reg, tile)

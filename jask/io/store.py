@@ -62,7 +62,8 @@ class Store:
         self.array = array
         self.owned = owned
         self.writable = writable
-        self._finalizer = weakref.finalize(self, _remove_tree, self.path) if owned else None
+        self._folder = _Folder(self.path) if owned else None
+        _open_stores.setdefault(self.path, weakref.WeakSet()).add(self)
 
     @property
     def shape(self) -> tuple[int, ...]:
@@ -89,13 +90,40 @@ class Store:
             raise FileNotFoundError(f"the Zarr store at {self.path} was deleted while still in use")
         return np.asarray(self.array[region])
 
-    def become_scratch(self, new_path: str) -> None:
-        """Point this store at a folder it now owns (used after ``update_`` moved it aside)."""
-        self.path = os.path.abspath(new_path)
+    def _adopt(self, folder: "_Folder") -> None:
+        """Point this store at a folder that was moved aside; the folder dies with its last store."""
+        self.path = folder.path
         self.array = zarr.open_array(self.path, mode="r")
         self.owned = True
         self.writable = False
-        self._finalizer = weakref.finalize(self, _remove_tree, self.path)
+        self._folder = folder
+        _open_stores.setdefault(self.path, weakref.WeakSet()).add(self)
+
+
+class _Folder:
+    """Ownership of a folder shared by several Store objects: removed once none refers to it."""
+
+    def __init__(self, path: str):
+        self.path = path
+        weakref.finalize(self, _remove_tree, path)
+
+
+_open_stores: dict[str, weakref.WeakSet] = {}
+
+
+def _move_open_stores(path: str, aside: str) -> bool:
+    """Make every open Store on ``path`` follow its old contents to ``aside``.
+
+    Arrays are values: an array opened before ``path`` was replaced keeps
+    reading what it opened. Returns whether any store adopted the folder.
+    """
+    stores = [st for st in _open_stores.pop(path, ()) if st.path == path]
+    if not stores:
+        return False
+    folder = _Folder(aside)
+    for st in stores:
+        st._adopt(folder)
+    return True
 
 
 class PendingStore:
@@ -135,8 +163,8 @@ class PendingStore:
     def abort(self) -> None:
         self._finalizer()
 
-    def commit(self, owned: bool, replace: bool = False, writable: bool = False) -> tuple[Store, str | None]:
-        """Rename onto the final path; returns the store and, when replacing, the old folder's new name."""
+    def commit(self, owned: bool, replace: bool = False, writable: bool = False) -> Store:
+        """Rename onto the final path; a replaced folder lives on for arrays still open on it."""
         if self._writer is not None:
             self._writer.finish()
         old_aside = None
@@ -153,8 +181,10 @@ class PendingStore:
             os.rename(self.tmp_path, self.final_path)
         self._finalizer.detach()
         _fsync_dir(os.path.dirname(self.final_path))
+        if old_aside is not None and not _move_open_stores(self.final_path, old_aside):
+            _remove_tree(old_aside)
         array = zarr.open_array(self.final_path, mode="r+" if writable else "r")
-        return Store(self.final_path, array, owned=owned, writable=writable), old_aside
+        return Store(self.final_path, array, owned=owned, writable=writable)
 
 
 def check_shards(shape, chunks, shards) -> None:
