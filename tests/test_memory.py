@@ -31,4 +31,5 @@ def test_peak_rss_within_budget(workload, data_dir):
     assert r["array_bytes"] >= 8 * r["budget"]
     assert 0 < r["projected"] <= r["budget"]
     assert r["growth"] <= r["budget"] + SLACK, r
+    assert r["growth"] <= r["projected"] + 100 * 2**20, "the planner's projection must describe the pass"
     assert r["bytes_read"] >= r["array_bytes"], "the workload must really have streamed the input"

@@ -376,10 +376,14 @@ def plan(roots) -> Plan:
             return Plan(tile, list(roots), stages, fused, prepared, need, config.memory_budget, live, groups)
         if config.tile is not None or tile <= MIN_TILE_EDGE:
             names = ", ".join(prepared[id(n)].name for n in stages)
+            if config.tile is not None:
+                raise ValueError(
+                    f"memory budget of {config.memory_budget} bytes is too small for {names} with the forced "
+                    f"tile edge {tile}: it needs {need} bytes; use a smaller tile "
+                    f"(jask.config.update('tile', ...)) or a budget of at least {need} bytes")
             raise ValueError(
-                f"memory budget of {config.memory_budget} bytes is too small: computing {names} "
-                f"with tile edge {tile} needs {need} bytes; raise the budget with "
-                f"jask.set_memory_budget(...) or use a smaller tile (jask.config.update('tile', ...))")
+                f"memory budget of {config.memory_budget} bytes is too small for {names}: the smallest plan "
+                f"(tile edge {tile}) needs {need} bytes; raise it with jask.set_memory_budget({need})")
         tile //= 2
 
 
@@ -471,8 +475,12 @@ class Executor:
             op.forward(algo, *nodes[0].inputs)
             algo.check_complete()
             return
+        from jask.profile import progress
         indices = list(itertools.product(*map(range, grid(nodes[0].shape, self.tile))))
+        names = " + ".join(self.plan.prepared[id(n)].name for n in nodes)
         with contextlib.ExitStack() as stack:
+            bar = progress(len(indices) * len(nodes), names)
+            stack.callback(bar.close)
             stack.enter_context(self.streaming(nodes, indices))
             writers = [stack.enter_context(WriteBehind(sink, depth=WRITE_DEPTH,
                                                        count=_count if sink.counts_io else _count_wait))
@@ -489,6 +497,7 @@ class Executor:
                             raise
                         writer.put(region(idx, node.shape, self.tile), tile, key=idx)
                         _count(tiles=1)
+                        bar.update(1, tile.nbytes)
                 finally:
                     self.memo = None
 
