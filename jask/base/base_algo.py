@@ -44,7 +44,7 @@ import numpy as np
 from jask.base import compat, runtime
 from jask.base.array import DiskArray, DiskArrayType, is_disk_array, type_of
 from jask.base.graph import OpNode, OpSpec
-from jask.base.op import BlockParallelOp, CustomOp, TiledInput
+from jask.base.op import BlockParallelOp, CustomOp, TiledInput, _Op
 
 
 def freeze(value):
@@ -77,7 +77,7 @@ def output_type(spec: OpSpec, op, types):
     if wide and not jax.config.jax_enable_x64:
         raise TypeError(f"{spec.name} got a {wide[0]} input while 64-bit JAX is off, so it would be "
                         "computed in 32 bits; enable jax_enable_x64 or convert the array")
-    if len(set(dtypes)) > 1 and type(op).output_dtype in (BlockParallelOp.output_dtype, CustomOp.output_dtype):
+    if len(set(dtypes)) > 1 and type(op).output_dtype is _Op.output_dtype:
         raise TypeError(f"{spec.name} got mismatched dtypes {', '.join(d.name for d in dtypes)}; "
                         "jask does not promote implicitly: convert the inputs to one dtype")
     shape = op.output_shape(*[t.shape for t in types])

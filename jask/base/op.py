@@ -35,7 +35,23 @@ class TiledInput:
         return len(self.shape)
 
 
-class BlockParallelOp:
+class _Op:
+    """What every op has: an output shape, an output dtype, and a constructor from its inputs."""
+
+    def output_shape(self, *input_shapes):
+        raise NotImplementedError(f"{type(self).__name__} must implement output_shape")
+
+    def output_dtype(self, *input_dtypes):
+        """Result dtype; by default all inputs must share one dtype, which the output keeps."""
+        return input_dtypes[0]
+
+    @classmethod
+    def from_inputs(cls, *inputs, **kwargs):
+        """Build the op for these inputs (``TiledInput``s); keyword arguments of the public function land here."""
+        return cls(**kwargs)
+
+
+class BlockParallelOp(_Op):
     """An op defined one tile at a time; see ``adding-a-new-op`` in the docs.
 
     Subclasses write ``forward_block``, ``index_map``, ``combine``,
@@ -59,20 +75,8 @@ class BlockParallelOp:
     def backward_block(self, d_out_block, *input_blocks):
         raise NotImplementedError(f"{type(self).__name__} must implement backward_block")
 
-    def output_shape(self, *input_shapes):
-        raise NotImplementedError(f"{type(self).__name__} must implement output_shape")
 
-    def output_dtype(self, *input_dtypes):
-        """Result dtype; by default all inputs must share one dtype, which the output keeps."""
-        return input_dtypes[0]
-
-    @classmethod
-    def from_inputs(cls, *inputs, **kwargs):
-        """Build the op for these inputs (``TiledInput``s); keyword arguments of the public function land here."""
-        return cls(**kwargs)
-
-
-class CustomOp:
+class CustomOp(_Op):
     """An op that is not block-parallel (FFT, sort): write ``forward`` and ``backward`` directly.
 
     ``forward(self, algo, *inputs)`` writes every output tile with
@@ -89,13 +93,3 @@ class CustomOp:
 
     def backward(self, algo, inputs, d_out):
         raise NotImplementedError(f"{type(self).__name__} must implement backward")
-
-    def output_shape(self, *input_shapes):
-        raise NotImplementedError(f"{type(self).__name__} must implement output_shape")
-
-    def output_dtype(self, *input_dtypes):
-        return input_dtypes[0]
-
-    @classmethod
-    def from_inputs(cls, *inputs, **kwargs):
-        return cls(**kwargs)

@@ -57,7 +57,8 @@ def _default_root() -> str:
     return os.path.join(tempfile.gettempdir(), "jask-scratch")
 
 
-def _pid_alive(pid: int) -> bool:
+def pid_alive(pid: int) -> bool:
+    """Whether a process with this pid exists (owner checks for scratch and half-done swaps)."""
     try:
         os.kill(pid, 0)
     except ProcessLookupError:
@@ -78,7 +79,7 @@ def remove_stale(root: str) -> list[str]:
         parts = name.split("-")
         if len(parts) == 3 and parts[0] == "jask" and parts[1].isdigit():
             pid = int(parts[1])
-            if pid != os.getpid() and not _pid_alive(pid):
+            if pid != os.getpid() and not pid_alive(pid):
                 shutil.rmtree(os.path.join(root, name), ignore_errors=True)
                 removed.append(name)
     return removed

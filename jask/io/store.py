@@ -18,6 +18,8 @@ import weakref
 import numpy as np
 import zarr
 
+from jask.io.scratch import pid_alive
+
 
 def _remove_tree(path: str) -> None:
     shutil.rmtree(path, ignore_errors=True)
@@ -213,18 +215,8 @@ def recover(path: str) -> None:
                 break
     for leftover in glob.glob(pattern + "*"):
         pid = leftover.rsplit("-", 2)[-2]
-        if pid.isdigit() and int(pid) != os.getpid() and not _alive(int(pid)):
+        if pid.isdigit() and int(pid) != os.getpid() and not pid_alive(int(pid)):
             _remove_tree(leftover)
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
 
 
 def open_existing(path: str, mode: str) -> Store:
