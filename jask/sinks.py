@@ -93,6 +93,24 @@ def to_zarr(x, path, overwrite: bool = False, chunks=None, compressors=None, sha
         node, tile, path, overwrite=overwrite, chunks=chunks, compressors=compressors, shards=shards))
 
 
+def rechunk(x, chunks, shards=None) -> DiskArray:
+    """A copy of ``x`` in scratch storage with the given chunk (and shard) layout.
+
+    Use it to turn a store with awkward chunks into the layout jask streams
+    fastest: chunks the size of the tiles, grouped into shards read sequentially.
+    """
+    _require("rechunk", x)
+    if compat.is_traced(x):
+        raise TypeError("rechunk cannot run inside jit")
+    chunks = tuple(int(c) for c in chunks)
+    if len(chunks) != x.ndim or any(c < 1 for c in chunks):
+        raise ValueError(f"rechunk: chunks {chunks} do not fit an array of shape {x.shape}")
+    runtime.safe_point()
+    (stored,) = executor.run([x._node], lambda node, tile: executor.ScratchSink(
+        node, tile, chunks=chunks, shards=shards, adopt=False))
+    return DiskArray(node=stored)
+
+
 def update_(target: DiskArray, new_value) -> None:
     """Replace ``target``'s contents with ``new_value``, keeping its type (so ``jit`` does not retrace).
 

@@ -438,3 +438,17 @@ def test_to_zarr_sharded_layout(tmp_path, small_tiles):
     with pytest.raises(ValueError, match="multiples of chunks"):
         jask.from_numpy(data).to_zarr(tmp_path / "t.zarr", chunks=(4, 4), shards=(6, 8))
     assert not (tmp_path / "t.zarr").exists()
+
+
+def test_rechunk_writes_the_requested_layout(tmp_path, small_tiles):
+    data = np.arange(16 * 12, dtype=np.float32).reshape(16, 12)
+    p = tmp_path / "odd.zarr"
+    zarr.create_array(p, shape=data.shape, dtype=data.dtype, chunks=(5, 7))[:] = data
+    x = jask.from_zarr(p)
+    y = jask.rechunk(x, (4, 4), shards=(8, 12))
+    assert y.chunks == (4, 4) and zarr.open_array(y.path, mode="r").shards == (8, 12)
+    np.testing.assert_array_equal(np.asarray(y), data)
+    np.testing.assert_array_equal(np.asarray(jask.rechunk(x * 2.0, (16, 12))), 2 * data)
+    assert x.path == str(p)  # the source is untouched
+    with pytest.raises(ValueError, match="chunks"):
+        jask.rechunk(x, (4,))

@@ -558,24 +558,30 @@ def _block_at(shape, idx, tile) -> tuple[int, ...]:
 # ---------------------------------------------------------------- sinks
 
 class ScratchSink:
-    """Writes a node to a fresh scratch store and makes the node stand for it."""
+    """Writes a node to a fresh scratch store; by default the node then stands for it.
+
+    ``chunks``/``shards`` choose the layout (``rechunk``); ``adopt=False`` leaves
+    the node as it was and just returns the stored copy.
+    """
 
     counts_io = True
 
-    def __init__(self, node: OpNode, tile: int):
+    def __init__(self, node: OpNode, tile: int, chunks=None, shards=None, adopt: bool = True):
         from jask.io import scratch
         from jask.io.store import PendingStore
-        self.node = node
-        self.pending = PendingStore(scratch.new_path(), node.shape, node.dtype, block_shape(node.shape, tile))
+        self.node, self.adopt = node, adopt
+        self.pending = PendingStore(scratch.new_path(), node.shape, node.dtype,
+                                    chunks or block_shape(node.shape, tile), shards=shards)
 
     def write(self, reg, tile):
         self.pending.write(reg, tile)
 
     def finish(self):
-        store = self.pending.commit(owned=True)
+        stored = StoredNode(self.pending.commit(owned=True))
         _count(arrays_written=1)
-        self.node.set_result(StoredNode(store))
-        return self.node.result
+        if self.adopt and isinstance(self.node, OpNode):
+            self.node.set_result(stored)
+        return stored
 
     def abort(self):
         self.pending.abort()
