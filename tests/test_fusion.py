@@ -1,0 +1,160 @@
+"""Fusion: chains of ops run as one pass, match jnp, and move only the bytes they must.
+
+``CHAINS`` has the same row form as ``OPS`` in ``test_ops.py``. Each chain is
+checked forward, eagerly and under jit, gradients eager and ``jit(grad)`` on
+``xla``; ``jit(grad)`` again with fusion off; forward (and gradients for a few
+chains) on ``pallas-interpret``, which is slow.
+"""
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import jask
+from jask.base import BlockParallelOp
+from jask.base.base_algo import make_op
+from test_ops import _RUNNERS, _mat, _scalar
+
+
+class Cube(BlockParallelOp):
+    """A user-defined op: fuses like a built-in, with no extra method."""
+
+    def forward_block(self, a):
+        return a * a * a
+
+    def index_map(self, out_idx):
+        return [(out_idx,)]
+
+    def combine(self, acc, partial):
+        return acc + partial
+
+    def backward_block(self, d, a):
+        return (3 * a * a * d,)
+
+    def output_shape(self, a_shape):
+        return a_shape
+
+
+cube = make_op(Cube)
+
+
+def _chain8(a, b, sq, k=2.0):
+    """Eight elementwise ops over two inputs."""
+    return sq(((a + b) * a - b) * k + a) - b * b + a
+
+
+CHAINS = [
+    pytest.param((_mat((9, 6)), _mat((9, 6))), lambda a, b: jask.sum(jask.square(a - b)),
+                 lambda a, b: jnp.sum(jnp.square(a - b)), id="sum_square_sub"),
+    pytest.param((_mat((9, 6)), _mat((9, 6))), lambda a, b: _chain8(a, b, jask.square),
+                 lambda a, b: _chain8(a, b, jnp.square), id="elementwise_8"),
+    pytest.param((_mat((9, 6)), _mat((6, 7)), _mat((9, 7))),
+                 lambda a, m, t: jask.sum(jask.square(a @ m - t)),
+                 lambda a, m, t: jnp.sum(jnp.square(a @ m - t)), id="sum_square_dot_sub"),
+    pytest.param((_mat((9, 6)), _mat((9, 6)), _mat((6, 5))), lambda a, b, m: (a + b) @ m * 2.0,
+                 lambda a, b, m: (a + b) @ m * 2.0, id="dot_prologue_epilogue"),
+    pytest.param((_mat((9, 6)), _mat((9, 6))), lambda a, b: jask.sum((a - b) * (a + b)),
+                 lambda a, b: jnp.sum((a - b) * (a + b)), id="shared_inputs"),
+    pytest.param((_mat((9, 6)), _mat((6, 9))), lambda a, b: jask.transpose(jask.transpose(a) * 3.0) - b.T,
+                 lambda a, b: (a.T * 3.0).T - b.T, id="transposes"),
+    pytest.param((_mat((9, 6)), _mat((9, 6)), _scalar(jnp.float32(1.5))),
+                 lambda a, b, s: jask.square(a * s + b), lambda a, b, s: jnp.square(a * s + b),
+                 id="traced_scalar"),
+    pytest.param((_mat((9, 6)), _mat((9, 6))), lambda a, b: cube(a - b) + a,
+                 lambda a, b: (a - b) ** 3 + a, id="user_op"),
+    pytest.param((_mat((9, 6)), _mat((6, 5))), lambda a, m: jask.sum(jask.square(a @ m) - a @ m),
+                 lambda a, m: jnp.sum(jnp.square(a @ m) - a @ m), id="dot_used_twice"),
+    pytest.param((_mat((9, 6)), _mat((6, 5)), _mat((5, 4))), lambda a, m, n: jask.square(a @ m) @ n,
+                 lambda a, m, n: jnp.square(a @ m) @ n, id="two_matmuls"),
+    pytest.param((_mat((9, 6)), _mat((9, 6))), lambda a, b: -a + b / 2.0,
+                 lambda a, b: -a + b / 2.0, id="neg_div"),
+    pytest.param((_mat((3, 5, 6)), _mat((6, 4))), lambda a, m: jask.sum(jask.square(a @ m)),
+                 lambda a, m: jnp.sum(jnp.square(a @ m)), id="batched_dot_into_sum"),
+]
+
+MODES = ("forward", "forward_jit", "grad_eager", "jit_of_grad")
+CASES = [pytest.param(*p.values, mode, id=f"{p.id}-{mode}") for p in CHAINS for mode in MODES]
+
+
+@pytest.mark.parametrize("args, jask_fn, ref_fn, mode", CASES)
+def test_chain_xla(small_tiles, args, jask_fn, ref_fn, mode):
+    jask.config.update("backend", "xla")
+    _RUNNERS[mode](args, jask_fn, ref_fn)
+
+
+@pytest.mark.parametrize("args, jask_fn, ref_fn, mode", [c for c in CASES if c.id.endswith("-jit_of_grad")])
+def test_chain_unfused(small_tiles, args, jask_fn, ref_fn, mode):
+    jask.config.update("fusion", False)
+    _RUNNERS[mode](args, jask_fn, ref_fn)
+
+
+PALLAS_GRAD = ("sum_square_sub", "dot_prologue_epilogue", "traced_scalar", "user_op")
+
+
+@pytest.mark.parametrize("args, jask_fn, ref_fn, mode",
+                         [c for c in CASES if c.id.endswith("-forward")
+                          or c.id in {f"{n}-jit_of_grad" for n in PALLAS_GRAD}])
+def test_chain_pallas_interpret(small_tiles, args, jask_fn, ref_fn, mode):
+    jask.config.update("backend", "pallas-interpret")
+    _RUNNERS[mode](args, jask_fn, ref_fn)
+
+
+# ---------------------------------------------------------------- bytes moved
+
+def _data(*shapes):
+    rng = np.random.default_rng(0)
+    arrays = [rng.standard_normal(s).astype(np.float32) for s in shapes]
+    return arrays, [jask.from_numpy(x) for x in arrays]
+
+
+def test_sum_square_sub_reads_inputs_once_and_writes_nothing(small_tiles):
+    (A, B), (a, b) = _data((9, 6), (9, 6))
+    with jask.profile() as p:
+        jask.sum(jask.square(a - b))
+    assert (p.bytes_read, p.bytes_written) == (A.nbytes + B.nbytes, 0)
+
+
+def test_its_gradient_reads_inputs_once_more_and_writes_exactly_the_gradients(small_tiles):
+    (A, B), (a, b) = _data((9, 6), (9, 6))
+    with jask.profile() as p:
+        da, db = jax.jit(jax.grad(lambda a, b: jask.sum(jask.square(a - b)), argnums=(0, 1)))(a, b)
+        jask.persist(da, db)
+    # the loss pass reads a and b; the gradient pass reads them once more
+    assert p.bytes_read == 2 * (A.nbytes + B.nbytes)
+    assert p.bytes_written == A.nbytes + B.nbytes and p.arrays_written == 2
+
+
+def test_dot_chain_writes_no_intermediate(small_tiles):
+    (A, M, T), (a, m, t) = _data((9, 6), (6, 7), (9, 7))
+    with jask.profile() as p:
+        out = jask.sum(jask.square(a @ m - t))
+    assert p.bytes_written == 0 and p.arrays_written == 0
+    np.testing.assert_allclose(float(out), float(jnp.sum(jnp.square(A @ M - T))), rtol=1e-4)
+
+
+def test_elementwise_chain_of_8_reads_two_arrays_and_writes_one(small_tiles):
+    (A, B), (a, b) = _data((9, 6), (9, 6))
+    with jask.profile() as p:
+        out = jask.persist(_chain8(a, b, jask.square))
+    assert (p.bytes_read, p.bytes_written, p.arrays_written) == (A.nbytes + B.nbytes, A.nbytes, 1)
+    np.testing.assert_allclose(np.asarray(out), _chain8(A, B, np.square), rtol=1e-5, atol=1e-5)
+    jask.config.update("fusion", False)
+    with jask.profile() as q:
+        jask.persist(_chain8(a, b, jask.square))
+    assert q.arrays_written > 1 and q.bytes_written > p.bytes_written
+
+
+def test_dot_feeding_two_consumers_is_computed_once(small_tiles):
+    (A, M), (a, m) = _data((9, 6), (6, 5))
+    y = a @ m
+    text = jask.explain(jask.square(y) - y)
+    assert text.splitlines()[1].lstrip().startswith("dot")  # stored once, then read by both consumers
+    with jask.profile() as p:
+        jask.persist(jask.square(y) - y)
+    assert p.arrays_written == 2
+
+
+def test_explain_names_fused_ops(small_tiles):
+    _, (a, b) = _data((9, 6), (9, 6))
+    text = jask.explain(cube(a - b) + a)
+    assert "add" in text and "fused: cube, sub" in text
