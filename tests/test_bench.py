@@ -1,0 +1,53 @@
+"""CI check of the benchmark suite: ``python -m jask.bench --quick`` completes and every system agrees.
+
+Times are never asserted (CI machines are noisy); what is asserted is that the
+suite runs end to end, covers every workload, and that all systems that ran a
+workload computed the same result.
+"""
+import importlib.util
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+from jask.bench import workloads
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+pytestmark = [
+    pytest.mark.slow,
+    pytest.mark.skipif(importlib.util.find_spec("dask") is None,
+                       reason="dask is not installed: pip install -e '.[bench]' to run the benchmark suite check"),
+]
+
+
+def test_quick_suite_completes_and_systems_agree(tmp_path):
+    out = tmp_path / "out"
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [ROOT, os.environ.get("PYTHONPATH")])))
+    proc = subprocess.run(
+        [sys.executable, "-m", "jask.bench", "--quick", f"--out={out}", f"--data_dir={tmp_path / 'data'}"],
+        cwd=tmp_path, env=env, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+
+    with open(out / "results.json") as f:
+        results = json.load(f)["results"]
+    assert {e["workload"] for e in results} == set(workloads.NAMES)
+    errors = [(e["workload"], e["system"], e["error"]) for e in results if "error" in e]
+    assert not errors, errors
+    for e in results:
+        assert "median_s" in e or e.get("skipped"), e["system"]   # ran, or says why not
+
+    for name in workloads.NAMES:
+        ran = [e for e in results if e["workload"] == name and "median_s" in e]
+        assert any(e["system"] == "jask" for e in ran), name
+        checked = [e for e in ran if e.get("check") is not None]
+        assert len(checked) >= 2, f"{name}: fewer than two systems to compare"
+        differ = [(e["system"], e.get("deviation")) for e in checked if e.get("agrees") is not True]
+        assert not differ, f"{name}: results differ from {checked[0].get('checked_against')}: {differ}"
+
+    assert (out / "results.md").read_text().count("| jask |") == len(workloads.NAMES)
+    if importlib.util.find_spec("matplotlib") is not None:
+        assert (out / "sum-throughput.png").exists() and (out / "sum-memory.png").exists()
+    assert not os.listdir(tmp_path / "data"), "benchmark stores were left behind"
