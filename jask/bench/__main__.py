@@ -24,7 +24,6 @@ memory against array size.
 from __future__ import annotations
 
 import datetime
-import hashlib
 import json
 import os
 import platform
@@ -64,6 +63,7 @@ flags.DEFINE_enum("isolate", "task", ["task", "system"], "One subprocess per sys
                   "per system for all cases (system; the default with --quick).")
 flags.DEFINE_boolean("keep_data", False, "Keep the benchmark stores.")
 flags.DEFINE_float("timeout", 1800.0, "Seconds before a system's subprocess is killed.")
+flags.DEFINE_boolean("report_only", False, "Rebuild results.md and the plots from --out's results.json.")
 flags.DEFINE_float("rtol", 2e-3, "Relative tolerance for results agreeing between systems.")
 
 QUICK_BUDGET = "16MB"
@@ -149,7 +149,9 @@ class Suite:
         else:
             entry.update(harness.summarize_result(raw, W.work(case["params"])))
             entry["raw"] = {k: raw.get(k) for k in ("times", "first_s", "setup_s", "io", "counters",
-                                                   "first_counters", "run_peaks", "baseline_rss")}
+                                                   "first_counters", "run_peaks", "baseline_rss", "started",
+                                                   "peak_rss_growth_setup", "peak_rss_growth_runs")}
+            entry["jask_source_sha1"] = raw.get("jask_source_sha1")
             entry["check"] = raw.get("check")
         self.results.append(entry)
         return entry
@@ -308,19 +310,12 @@ def machine_info() -> dict:
     root = os.path.dirname(os.path.dirname(os.path.abspath(jask.__file__)))
     commit = _git(root, "rev-parse", "--short", "HEAD")
     dirty = _git(root, "status", "--porcelain", "--untracked-files=no")
-    digest = hashlib.sha1()
-    pkg = os.path.dirname(os.path.abspath(jask.__file__))
-    for dirpath, dirnames, names in sorted(os.walk(pkg)):
-        dirnames[:] = sorted(d for d in dirnames if d not in ("bench", "__pycache__"))
-        for name in sorted(n for n in names if n.endswith(".py")):
-            with open(os.path.join(dirpath, name), "rb") as f:
-                digest.update(name.encode() + f.read())
     mem = first("/proc/meminfo", "MemTotal").split()
     mem = f"{int(mem[0]) / 2**20:.1f} GiB" if mem and mem[0].isdigit() else "?"
     return dict(cpu=first("/proc/cpuinfo", "model name"), cores=os.cpu_count(), mem_total=mem, platform=platform.platform(),
                 python=platform.python_version(), versions=versions, jask_path=root,
                 jask_commit=(commit or "?") + (" + uncommitted changes" if dirty else ""),
-                jask_source_sha1=digest.hexdigest()[:12])
+                jask_source_sha1=harness.jask_source_digest())
 
 
 def _git(root, *args):
@@ -395,6 +390,10 @@ def markdown(suite: Suite) -> str:
              "written are bytes through system calls per run (page-cache hits included)",
              "- cache: cold = every input and output file dropped from the page cache "
              "(os.sync + posix_fadvise DONTNEED) before each run; warm = read once before each run", ""]
+    shas = sorted({e["jask_source_sha1"] for e in results if e.get("jask_source_sha1")})
+    if len(shas) > 1:
+        lines[-1:-1] = [f"- **warning**: jask's sources changed during the run (source sha1s seen: {', '.join(shas)}); "
+                        "results.json says which code each result ran on"]
     tg = targets(results, meta["budget"])
     if tg:
         lines += ["## Targets", "", "| target | case | goal | measured | met |", "|---|---|---|---|---|"]
@@ -485,6 +484,7 @@ def plots(suite: Suite) -> list[str]:
                     ax.axhline(parse_bytes(rows[0]["budget"]) / 1e6 + 150, color="grey", linestyle=":",
                                label="budget + 150 MB")
                 ax.set_xscale("log", base=2)
+                ax.set_yscale("log")
                 ax.set_xlabel("array size (GiB, each input)")
                 ax.set_ylabel(ylabel)
                 ax.set_title(f"{w}, {cache} cache")
@@ -505,8 +505,14 @@ def main(argv):
     budget = QUICK_BUDGET if FLAGS.quick and FLAGS.budget == "256MB" else FLAGS.budget
     suite = Suite(out_dir, budget)
     t0 = time.perf_counter()
-    print(f"jask.bench: {suite.meta['cores']} cores, {suite.meta['cpu']}; budget {budget}; out {out_dir}", flush=True)
-    run_suite(suite)
+    if FLAGS.report_only:
+        with open(os.path.join(out_dir, "results.json")) as f:
+            saved = json.load(f)
+        suite.meta, suite.results = saved["meta"], saved["results"]
+    else:
+        print(f"jask.bench: {suite.meta['cores']} cores, {suite.meta['cpu']}; budget {budget}; out {out_dir}",
+              flush=True)
+        run_suite(suite)
     with open(os.path.join(out_dir, "results.md"), "w") as f:
         f.write(markdown(suite))
     made = plots(suite)

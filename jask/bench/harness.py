@@ -284,6 +284,19 @@ def proc_io() -> dict:
 
 # ---------------------------------------------------------------- the child
 
+def jask_source_digest() -> str:
+    """Short sha1 of jask's own sources outside ``jask/bench``: which jask code a result ran on."""
+    import hashlib
+    pkg = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    digest = hashlib.sha1()
+    for dirpath, dirnames, names in sorted(os.walk(pkg)):
+        dirnames[:] = sorted(d for d in dirnames if d not in ("bench", "__pycache__"))
+        for name in sorted(n for n in names if n.endswith(".py")):
+            with open(os.path.join(dirpath, name), "rb") as f:
+                digest.update(name.encode() + f.read())
+    return digest.hexdigest()[:12]
+
+
 def prepare_cache(runner, cache: str) -> None:
     paths = runner.cache_paths()
     if cache == "cold":
@@ -308,7 +321,8 @@ def measure(task: Task) -> dict:
     setup_peak = hwm() - base
     reset_hwm()
     result = dict(setup_s=setup_s, baseline_rss=base, hwm_resettable=resettable, first_s=None,
-                  times=[], io=[], counters=[], run_peaks=[], check=None)
+                  times=[], io=[], counters=[], run_peaks=[], check=None,
+                  started=time.strftime("%H:%M:%S"), jask_source_sha1=jask_source_digest())
     spent = 0.0
 
     def checked_first():
