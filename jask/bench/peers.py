@@ -97,6 +97,13 @@ class Runner:
 
 # ---------------------------------------------------------------- jask
 
+class StoreCheck:
+    """Mixin for workloads whose result is a Zarr array: summarize it so systems can be compared."""
+
+    def check(self):
+        return {"out": harness.summarize_store(self.out_path())}
+
+
 class JaskRunner(Runner):
     """jask with the task's budget, backend and tile edge; scratch under the task's work dir."""
 

@@ -30,6 +30,8 @@ import time
 import numpy as np
 from absl import app, flags
 
+from jask.bench import harness
+
 FLAGS = flags.FLAGS
 flags.DEFINE_enum("op", "sum", ["sum", "add", "dot", "readers"], "What to measure (dot: sum(x @ x), a "
                   "kernel much more expensive than its reads).")
@@ -102,18 +104,9 @@ def drop_cache(paths):
 
 def raw_read(paths, bufsize=16 * 2**20):
     """Sequential readinto of every data file of the stores; returns (seconds, bytes)."""
-    buf = bytearray(bufsize)
-    view = memoryview(buf)
-    total = 0
+    files = [f for p in paths for f in data_files(p)]
     t0 = time.perf_counter()
-    for p in paths:
-        for f in data_files(p):
-            with open(f, "rb", buffering=0) as fh:
-                while True:
-                    n = fh.readinto(view)
-                    if not n:
-                        break
-                    total += n
+    total = harness.raw_read(files, bufsize)
     return time.perf_counter() - t0, total
 
 

@@ -41,12 +41,7 @@ def make_data(p, root, tile, layout):
             for i, name in enumerate("ab")}
 
 
-class _StoreCheck:
-    def check(self):
-        return {"out": harness.summarize_store(self.out_path())}
-
-
-class Jask(_StoreCheck, peers.JaskRunner):
+class Jask(peers.StoreCheck, peers.JaskRunner):
     def setup(self):
         super().setup()
         self.a, self.b = (self.jask.from_zarr(self.paths[k]) for k in "ab")
@@ -55,7 +50,7 @@ class Jask(_StoreCheck, peers.JaskRunner):
         self.jask.to_zarr(self.jask.dot(self.a, self.b), self.out_path(), overwrite=True)
 
 
-class Dask(_StoreCheck, peers.DaskRunner):
+class Dask(peers.StoreCheck, peers.DaskRunner):
     def setup(self):
         self.a, self.b = (self.open(k) for k in "ab")
 
@@ -63,7 +58,7 @@ class Dask(_StoreCheck, peers.DaskRunner):
         self.store([self.a @ self.b], [self.out_path()])
 
 
-class Cubed(_StoreCheck, peers.CubedRunner):
+class Cubed(peers.StoreCheck, peers.CubedRunner):
     def setup(self):
         super().setup()
         self.a, self.b = (self.open(k) for k in "ab")

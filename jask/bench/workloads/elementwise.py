@@ -48,12 +48,7 @@ def chain(a, b, c):
     return (a - b) * c + a
 
 
-class _StoreCheck:
-    def check(self):
-        return {"out": harness.summarize_store(self.out_path())}
-
-
-class Jask(_StoreCheck, peers.JaskRunner):
+class Jask(peers.StoreCheck, peers.JaskRunner):
     def setup(self):
         super().setup()
         self.a, self.b, self.c = (self.jask.from_zarr(self.paths[k]) for k in "abc")
@@ -62,7 +57,7 @@ class Jask(_StoreCheck, peers.JaskRunner):
         self.jask.to_zarr(chain(self.a, self.b, self.c), self.out_path(), overwrite=True)
 
 
-class Dask(_StoreCheck, peers.DaskRunner):
+class Dask(peers.StoreCheck, peers.DaskRunner):
     def setup(self):
         self.a, self.b, self.c = (self.open(k) for k in "abc")
 
@@ -70,7 +65,7 @@ class Dask(_StoreCheck, peers.DaskRunner):
         self.store([chain(self.a, self.b, self.c)], [self.out_path()])
 
 
-class Cubed(_StoreCheck, peers.CubedRunner):
+class Cubed(peers.StoreCheck, peers.CubedRunner):
     def setup(self):
         super().setup()
         self.a, self.b, self.c = (self.open(k) for k in "abc")
@@ -92,7 +87,7 @@ class Jnp(peers.JnpRunner):
         return {"out": harness.summarize(np.asarray(self.out))}
 
 
-class NaiveLoop(_StoreCheck, peers.NaiveLoopRunner):
+class NaiveLoop(peers.StoreCheck, peers.NaiveLoopRunner):
     def setup(self):
         self.a, self.b, self.c = (self.open(k) for k in "abc")
         self.f = self.jax.jit(chain)
