@@ -104,7 +104,7 @@ def _transpose(x):
 
 def _divide(x, y):
     import jask
-    if isinstance(y, (DiskArray, compat.Tracer)) and is_disk_array(y):
+    if is_disk_array(y):
         raise TypeError("division by a DiskArray is not supported; divide by a scalar")
     if isinstance(y, (int, float)):
         return jask.mul(x, 1.0 / y)

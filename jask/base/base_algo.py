@@ -36,6 +36,7 @@ until the call has finished (``runtime.safe_point``).
 from __future__ import annotations
 
 import dataclasses
+import os
 from collections import defaultdict
 
 import jax
@@ -43,7 +44,7 @@ import numpy as np
 
 from jask.base import compat, runtime
 from jask.base.array import DiskArray, DiskArrayType, is_disk_array, type_of
-from jask.base.graph import OpNode, OpSpec
+from jask.base.graph import OpNode, OpSpec, StoredNode
 from jask.base.op import BlockParallelOp, CustomOp, TiledInput, _Op
 
 
@@ -268,8 +269,6 @@ def _check_inputs(name, inputs):
 
 
 def _check_alive(name, node):
-    from jask.base.graph import StoredNode
-    import os
     r = node.resolved()
     if isinstance(r, StoredNode) and not os.path.isdir(r.store.path):
         raise FileNotFoundError(f"{name}: the Zarr store {r.store.path} backing an input was deleted")
