@@ -39,7 +39,7 @@ cube = make_op(Cube)
 
 
 def _chain8(a, b, sq, k=2.0):
-    """Eight elementwise ops over two inputs."""
+    """Nine elementwise ops over two inputs (the issue's "8-op chain", counted generously)."""
     return sq(((a + b) * a - b) * k + a) - b * b + a
 
 
@@ -158,3 +158,57 @@ def test_explain_names_fused_ops(small_tiles):
     _, (a, b) = _data((9, 6), (9, 6))
     text = jask.explain(cube(a - b) + a)
     assert "add" in text and "fused: cube, sub" in text
+
+
+# ---------------------------------------------------------------- one kernel per tile
+
+@pytest.mark.parametrize("backend", ["xla", "pallas-interpret"])
+def test_elementwise_chain_is_one_kernel_per_tile(small_tiles, backend):
+    """The 8-op chain (a user op among them) runs as one kernel launch per output tile."""
+    jask.config.update("backend", backend)
+    (A, B), (a, b) = _data((9, 6), (9, 6))
+    with jask.profile() as p:
+        out = jask.persist(cube(_chain8(a, b, jask.square)))
+    tiles = 3 * 2  # 9x6 in tiles of 4
+    assert (p.tiles, p.kernel_calls) == (tiles, tiles)
+    np.testing.assert_allclose(np.asarray(out), _chain8(A, B, np.square) ** 3, rtol=1e-4, atol=1e-4)
+    jask.config.update("fusion", False)
+    with jask.profile() as q:
+        jask.persist(cube(_chain8(a, b, jask.square)))
+    assert q.kernel_calls == 10 * tiles  # the chain's nine ops and cube, each its own kernel per tile
+
+
+def test_reduction_of_a_chain_is_one_kernel_per_input_tile(small_tiles):
+    """sum(square(a - b)): the sum's fold step runs sub and square inside it, once per entry."""
+    _, (a, b) = _data((9, 6), (9, 6))
+    with jask.profile() as p:
+        jask.sum(jask.square(a - b))
+    assert p.kernel_calls == 6
+
+
+def test_producer_used_twice_in_one_entry_is_computed_and_read_once(small_tiles):
+    """``x * x`` with ``x = a - b`` inside a sum: each tile of a and b is read once, x computed once."""
+    (A, B), (a, b) = _data((9, 6), (9, 6))
+    x = a - b
+    with jask.profile() as p:
+        out = jask.sum(x * x)
+    assert (p.bytes_read, p.kernel_calls) == (A.nbytes + B.nbytes, 6)
+    np.testing.assert_allclose(float(out), float(np.sum((A - B) ** 2)), rtol=1e-4)
+
+
+def test_fused_kernel_is_one_pallas_call_holding_the_chain(small_tiles):
+    """On Pallas the fused chain is one ``pallas_call`` whose body runs every op of the chain."""
+    from jask import kernels
+    from jask.base import executor
+    from jask.base.fusion import entry_program, fused_kernel
+    jask.config.update("backend", "pallas-interpret")
+    (A, B), (a, b) = _data((9, 6), (9, 6))
+    out = (a - b) * a + b
+    p = executor.plan([out._node])
+    root = p.stages[0]
+    program = entry_program(p, root, executor.entries_of(p.prepared[id(root)], root, (0, 0))[0])
+    assert [type(op).__name__ for op, *_ in program.steps] == ["Sub", "MulArrays"]
+    assert [leaf.node.shape for leaf in program.leaves] == [(9, 6), (9, 6)]
+    kernel = fused_kernel(program, kernels.get_backend())
+    jaxpr = str(kernel.jaxpr(A[:4, :4], B[:4, :4]))
+    assert jaxpr.count("pallas_call") == 1 and "sub" in jaxpr and "mul" in jaxpr and "add" in jaxpr

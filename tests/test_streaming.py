@@ -459,7 +459,9 @@ def test_profile_records_executed_work(tmp_path, small_tiles):
             total = jask.sum(jask.add(x, x))
         jask.sum(x)
     np.testing.assert_allclose(float(total), 2 * a.sum(), rtol=1e-4)
-    assert p.bytes_read == 2 * a.nbytes and outer.bytes_read == 3 * a.nbytes
+    # x + x inside the sum's fused kernel reads each tile of x once
+    assert p.bytes_read == a.nbytes and outer.bytes_read == 2 * a.nbytes
+    assert p.kernel_calls == 12  # one fused kernel (add and sum's step) per tile of the 4x3 grid
     assert p.peak_rss_bytes > 0 and outer.peak_rss_bytes >= p.peak_rss_bytes
     assert p.wall_seconds > 0 and p.io_wait_seconds >= 0
     assert "read" in str(p) and "peak RSS" in str(p) and "waited" in str(p)

@@ -16,9 +16,11 @@ any byte is written:
    the budget, or refuse with an error saying what would fit.
 
 Execution walks each materialized node's output tiles in order. A tile is
-*pulled*: the op's ``index_map`` names the input blocks, which are read from
-disk or pulled recursively from fused producers, and the backend
-(:mod:`jask.kernels`) folds the entries with ``forward_block``/``combine``.
+*pulled*: the op's ``index_map`` names the entries; each entry becomes a fused
+program (:mod:`jask.base.fusion`) whose leaves are stored tiles (or tiles of
+multi-entry producers, pulled recursively) and whose steps are the fused
+single-entry producers, and the backend (:mod:`jask.kernels`) runs one compiled
+kernel per entry and folds the entries with ``combine``.
 Only the blocks of one entry per node on the current path, plus one
 accumulator per node, are alive at any time.
 """
@@ -34,6 +36,7 @@ from collections import defaultdict
 import numpy as np
 
 from jask import kernels
+from jask.base.fusion import entries_of, entry_program, fused_kernel, live_positions
 from jask.base.graph import Node, OpNode, ScalarNode, StoredNode, ZerosNode
 from jask.base.op import CustomOp, TiledInput
 from jask.io.reader import Prefetcher, TileKey, reader_for
@@ -138,10 +141,9 @@ def _count(**counts) -> None:
 
 @dataclasses.dataclass
 class Prepared:
-    """One op instance built for a plan's tiling, with its compiled kernel."""
+    """One op instance built for a plan's tiling (kernels are compiled per fused program)."""
 
     op: object
-    kernel: object
     name: str
 
 
@@ -159,24 +161,20 @@ class Plan:
     live: object = None
     groups: list = dataclasses.field(default_factory=list)
 
+    def __post_init__(self):
+        self.fused_ids = {id(n) for n in self.fused}
+
     def describe(self) -> str:
         lines = [f"plan: tile edge {self.tile}, projected peak {human_bytes(self.projected_bytes)} "
                  f"of budget {human_bytes(self.budget)}"]
-        fused_ids = {id(n) for n in self.fused}
         for group in self.groups:
             for k, n in enumerate(group):
-                inner = [self.prepared[id(f)].name for f in _leaves_and_ops(n, fused_ids, self.live)[1][1:]]
+                inner = [self.prepared[id(f)].name for f in _leaves_and_ops(n, self.fused_ids, self.live)[1][1:]]
                 extra = f" (fused: {', '.join(inner)})" if inner else ""
                 lead = "  " if k == 0 else "  + in lockstep: "
                 lines.append(f"{lead}{self.prepared[id(n)].name} -> {n.shape} {n.dtype}, "
                              f"grid {grid(n.shape, self.tile)}{extra}")
         return "\n".join(lines)
-
-
-def live_positions(node: OpNode, op) -> list[int]:
-    """Input positions whose values the op reads (``op.unused_inputs`` lists the others)."""
-    unused = getattr(op, "unused_inputs", ())
-    return [p for p in range(len(node.inputs)) if p not in unused]
 
 
 def _collect(roots, live=None):
@@ -274,30 +272,15 @@ def _lockstep_groups(stages, prepared, fused_ids, tile, live) -> list[list[OpNod
     return groups
 
 
-def _entries(prep: Prepared, node: OpNode, out_idx):
-    entries = prep.op.index_map(tuple(out_idx))
-    try:
-        entries = [tuple(tuple(int(i) for i in b) if not isinstance(inp.resolved(), ScalarNode) else ()
-                         for b, inp in zip(e, node.inputs)) if len(e) == len(node.inputs) else None
-                   for e in entries]
-    except TypeError as err:
-        raise ValueError(f"{prep.name}.index_map({tuple(out_idx)}) must return a list of tuples of "
-                         f"block indices, got {entries!r}") from err
-    if any(e is None for e in entries):
-        raise ValueError(f"{prep.name}.index_map({tuple(out_idx)}) must give one block index per "
-                         f"input ({len(node.inputs)}) in every entry")
-    return entries
-
-
 def _tiles_read(consumer: OpNode, prep: Prepared, position: int, tile: int) -> list:
     """Every block index the consumer reads at one input position, over all its output tiles."""
     return [entry[position]
             for out_idx in np.ndindex(*grid(consumer.shape, tile))
-            for entry in _entries(prep, consumer, out_idx)]
+            for entry in entries_of(prep, consumer, out_idx)]
 
 
 def _one_entry_per_tile(node: OpNode, prep: Prepared, tile: int) -> bool:
-    return len(_entries(prep, node, (0,) * node.ndim)) == 1
+    return len(entries_of(prep, node, (0,) * node.ndim)) == 1
 
 
 def _should_fuse(node, edges, prepared, fused_ids, tile, live) -> bool:
@@ -336,9 +319,7 @@ def _nbytes(node: Node) -> int:
 def _prepare(node: OpNode, tile: int, backend, cache) -> Prepared:
     key = (node.spec, tuple(tiled(i.resolved(), tile) for i in node.inputs), backend.name)
     if key not in cache:
-        op = node.spec.build(list(key[1]))
-        kernel = None if isinstance(op, CustomOp) else backend.compile(op)
-        cache[key] = Prepared(op, kernel, node.spec.name)
+        cache[key] = Prepared(node.spec.build(list(key[1])), node.spec.name)
         while len(cache) > _CACHE_SIZE:
             cache.pop(next(iter(cache)))
     return cache[key]
@@ -429,6 +410,18 @@ class Executor:
             return np.zeros((), node.dtype)
         return np.zeros(_block_at(node.shape, idx, self.tile), node.dtype)
 
+    def leaf_tiles(self, program) -> list:
+        """The tiles a fused program takes, in its leaf order (reads go through the memo)."""
+        out = []
+        for leaf in program.leaves:
+            if leaf.kind == "placeholder":
+                out.append(self.placeholder(leaf.node, leaf.block))
+            elif leaf.kind == "scalar":
+                out.append(leaf.node.value)
+            else:
+                out.append(self.tile_of(leaf.node, leaf.block))
+        return out
+
     def tile_of(self, node: Node, idx):
         """One tile of ``node``; within a lockstep output tile each (node, tile) is computed once."""
         node = node.resolved()
@@ -447,15 +440,21 @@ class Executor:
         if isinstance(node, ZerosNode):
             return np.zeros(_block_at(node.shape, idx, self.tile), node.dtype)
         prep = self.plan.prepared[id(node)]
-        entries = _entries(prep, node, idx)
-        unused = getattr(prep.op, "unused_inputs", ())
-        fetch = lambda entry: [self.placeholder(i, b) if p in unused else self.tile_of(i, b)
-                               for p, (i, b) in enumerate(zip(node.inputs, entry))]
+        entries = entries_of(prep, node, idx)
+        kernels_by_key: dict = {}
+
+        def kernel_of(program):
+            key = program.key()
+            if key not in kernels_by_key:
+                kernels_by_key[key] = fused_kernel(program, self.backend)
+            return kernels_by_key[key]
+
+        programs = (entry_program(self.plan, node, e) for e in entries)
         t0 = time.perf_counter()
         loop = len(entries) > 1
         self._inside_loop += loop
         try:
-            out = self.backend.output_tile(prep.kernel, entries, fetch, node.dtype)
+            out = self.backend.output_tile(None, programs, self.leaf_tiles, node.dtype, kernel_of=kernel_of)
         finally:
             self._inside_loop -= loop
         _count(kernel_calls=len(entries), compute_seconds=time.perf_counter() - t0)
@@ -645,8 +644,9 @@ def read_requests(p: Plan, group, indices, memo: bool = True):
     """The stored tiles computing ``indices`` of a group reads, in the executor's exact order.
 
     Yields ``(TileKey, (store, region))``. Mirrors :meth:`Executor.tile_of`:
-    depth-first over entries and live inputs; with ``memo``, each (node, tile)
-    is visited once per output tile, except inside a multi-entry op's loop.
+    entries in order, each entry's fused program's leaves in order (a leaf
+    that is a multi-entry producer recursively); with ``memo``, each (node,
+    tile) is visited once per output tile, except inside a multi-entry op's loop.
     """
     def visit(node, idx, seen, in_loop):
         node = node.resolved()
@@ -660,14 +660,12 @@ def read_requests(p: Plan, group, indices, memo: bool = True):
         if isinstance(node, StoredNode):
             yield TileKey(id(node), tuple(idx)), (node.store, region(idx, node.shape, p.tile))
         elif isinstance(node, OpNode):
-            prep = p.prepared[id(node)]
-            live = set(live_positions(node, prep.op))
-            entries = _entries(prep, node, idx)
+            entries = entries_of(p.prepared[id(node)], node, idx)
             inner = in_loop or len(entries) > 1
             for entry in entries:
-                for pos, (inp, b) in enumerate(zip(node.inputs, entry)):
-                    if pos in live:
-                        yield from visit(inp, b, seen, inner)
+                for leaf in entry_program(p, node, entry).leaves:
+                    if leaf.kind == "tile":
+                        yield from visit(leaf.node, leaf.block, seen, inner)
 
     for idx in indices:
         seen = set() if memo else None

@@ -1,8 +1,12 @@
 """Tile kernels: the one seam where per-tile math runs.
 
-The executor hands a prepared op and the stream of its input blocks to
-``backend.output_tile``; a backend decides how the op's
-``forward_block``/``combine`` run:
+The executor hands a compiled kernel and the stream of one output tile's
+entries to ``backend.output_tile``; a backend decides how the op's
+``forward_block``/``combine`` run. The executor's kernels are fused programs
+(:mod:`jask.base.fusion`): a consumer with its fused producers inlined, so a
+chain of ops is one kernel launch per entry; ``kernel_of(entry)`` picks each
+entry's kernel when an entry's program shape differs (a ragged edge, a tile
+met twice on a diagonal).
 
 * ``xla``: each method jitted once per op instance, entries folded on the host
   (:mod:`jask.kernels.xla`). The fast path on CPU.

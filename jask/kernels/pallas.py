@@ -314,21 +314,22 @@ class PallasBackend:
                              "choose a power of two")
         return PallasKernel(op, platform, self.interpret)
 
-    def output_tile(self, kernel: PallasKernel, entries, fetch, out_dtype):
-        fetched = (fetch(e) for e in entries)
+    def output_tile(self, kernel: PallasKernel, entries, fetch, out_dtype, kernel_of=None):
+        pick = (lambda entry: kernel) if kernel_of is None else kernel_of
+        fetched = ((pick(e), fetch(e)) for e in entries)
         first = next(fetched, None)
         if first is None:
             return None
-        size = chunk_size(sum(b.nbytes for b in first if np.ndim(b)))
+        size = chunk_size(sum(b.nbytes for b in first[1] if np.ndim(b)))
         chunk = [first] + list(itertools.islice(fetched, size - 1))
         acc = None
         while chunk:
             groups: dict = {}
-            for blocks in chunk:
-                groups.setdefault(_signature(blocks), []).append(blocks)
-            for sig, group in groups.items():
-                p = kernel.run_group(sig, group)
-                acc = p if acc is None else kernel.combine(acc, p)
+            for k, blocks in chunk:
+                groups.setdefault((id(k), _signature(blocks)), (k, []))[1].append(blocks)
+            for (_, sig), (k, group) in groups.items():
+                p = k.run_group(sig, group)
+                acc = p if acc is None else k.combine(acc, p)
             del chunk, groups  # let this chunk's blocks go before the next one is fetched
             chunk = list(itertools.islice(fetched, size))
         return jnp.asarray(acc).astype(out_dtype)

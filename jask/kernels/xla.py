@@ -34,11 +34,12 @@ class XlaBackend:
     def compile(self, op) -> TileKernel:
         return TileKernel(op)
 
-    def output_tile(self, kernel: TileKernel, entries, fetch, out_dtype):
+    def output_tile(self, kernel: TileKernel, entries, fetch, out_dtype, kernel_of=None):
         acc = previous = None
         for entry in entries:
             if previous is not None:
                 previous.block_until_ready()
             blocks = fetch(entry)
-            previous, acc = acc, (kernel.first(*blocks) if acc is None else kernel.step(acc, *blocks))
+            k = kernel if kernel_of is None else kernel_of(entry)
+            previous, acc = acc, (k.first(*blocks) if acc is None else k.step(acc, *blocks))
         return None if acc is None else jnp.asarray(acc).astype(out_dtype)
