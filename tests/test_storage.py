@@ -452,3 +452,13 @@ def test_rechunk_writes_the_requested_layout(tmp_path, small_tiles):
     assert x.path == str(p)  # the source is untouched
     with pytest.raises(ValueError, match="chunks"):
         jask.rechunk(x, (4,))
+
+
+def test_copying_a_stored_array_uses_whole_tiles(tmp_path):
+    """``to_zarr`` of an array already on disk streams whole tiles (it once fell back to 1x1 tiles)."""
+    x = np.arange(64 * 32, dtype=np.float32).reshape(64, 32)
+    a = jask.from_numpy(x, chunks=(16, 16))
+    with jask.profile() as p:
+        a.to_zarr(str(tmp_path / "copy.zarr"))
+    assert p.tiles == 1 and p.bytes_read == x.nbytes
+    np.testing.assert_array_equal(np.asarray(jask.from_zarr(str(tmp_path / "copy.zarr"))), x)

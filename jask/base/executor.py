@@ -335,7 +335,8 @@ def plan(roots) -> Plan:
     order, _ = _collect(roots)
     root_ids = {id(r.resolved()) for r in roots}
     backend = kernels.get_backend()
-    every = list(order) + [i.resolved() for n in order for i in n.inputs]
+    every = list(order) + [i.resolved() for n in order for i in n.inputs] + [r.resolved() for r in roots]
+    copied = [r.resolved() for r in roots if not isinstance(r.resolved(), OpNode) and r.shape != ()]
     tile = config.tile or first_tile([n.shape for n in every])
     while not config.tile and tile > MIN_TILE_EDGE and any(
             _elements(n.shape, tile) > MAX_TILE_ELEMENTS for n in every):
@@ -352,7 +353,8 @@ def plan(roots) -> Plan:
         fused = [n for n in live_order if id(n) in fused_ids]
         stages = [n for n in live_order if id(n) not in fused_ids]
         groups = _lockstep_groups(stages, prepared, fused_ids, tile, live)
-        need = projected_bytes(groups, fused_ids, tile, live)
+        need = max(projected_bytes(groups, fused_ids, tile, live),
+                   max(((SLOTS_PER_LEAF + SLOTS_FIXED) * tile_bytes(r, tile) for r in copied), default=0))
         if need <= config.memory_budget:
             return Plan(tile, list(roots), stages, fused, prepared, need, config.memory_budget, live, groups)
         if config.tile is not None or tile <= MIN_TILE_EDGE:
