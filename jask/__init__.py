@@ -1,4 +1,8 @@
 """jask: out-of-core, differentiable arrays for JAX, stored in Zarr."""
+from jask.io.malloc import limit_arenas
+
+limit_arenas()  # before any reader or writer thread exists; see jask/io/malloc.py
+
 from jask import config
 from jask.base.array import DiskArray
 from jask.base.executor import Stats, explain

@@ -33,3 +33,20 @@ def test_peak_rss_within_budget(workload, data_dir):
     assert r["growth"] <= r["budget"] + SLACK, r
     assert r["growth"] <= r["projected"] + 100 * 2**20, "the planner's projection must describe the pass"
     assert r["bytes_read"] >= r["array_bytes"], "the workload must really have streamed the input"
+
+
+def test_malloc_arenas_are_capped_unless_the_user_chose(monkeypatch):
+    """jask caps glibc arenas (RSS creep across runs, see jask/io/malloc.py); the user's settings win."""
+    import platform
+    from jask.io import malloc
+    monkeypatch.delenv("MALLOC_ARENA_MAX", raising=False)
+    monkeypatch.delenv("JASK_MALLOC_ARENAS", raising=False)
+    if platform.libc_ver()[0] == "glibc":
+        assert malloc.limit_arenas() == malloc.DEFAULT_ARENAS
+    monkeypatch.setenv("JASK_MALLOC_ARENAS", "0")
+    assert malloc.limit_arenas() is None
+    monkeypatch.setenv("JASK_MALLOC_ARENAS", "two")
+    with pytest.raises(ValueError, match="JASK_MALLOC_ARENAS must be an integer.*'two'"):
+        malloc.limit_arenas()
+    monkeypatch.setenv("MALLOC_ARENA_MAX", "4")
+    assert malloc.limit_arenas() is None
