@@ -116,8 +116,10 @@ def update_(target: DiskArray, new_value) -> None:
 
     The new value is computed completely before anything is replaced. For a
     user store opened with ``mode="r+"`` the folder is swapped atomically: a
-    crash leaves the old or the new array, never a mix. Lazy arrays that were
-    computed from the old value keep seeing the old value.
+    crash leaves the old or the new array, never a mix, and a disk-full or I/O
+    error leaves the old one (the ``OSError`` names the array and path).
+    Arrays open on the old value, here or in other processes, keep reading
+    the old value; lazy arrays computed from it too.
     """
     if not isinstance(target, DiskArray) or target._node is None:
         raise TypeError("update_ must be called eagerly on a DiskArray (not inside jit)")

@@ -9,7 +9,7 @@ import numpy as np
 from jask.base.array import DiskArray
 from jask.base.executor import block_shape, default_tile
 from jask.base.graph import StoredNode
-from jask.io import scratch
+from jask.io import dtypes, scratch
 from jask.io.store import PendingStore, open_existing
 
 SUPPORTED_KINDS = "fiub"
@@ -18,8 +18,9 @@ SUPPORTED_KINDS = "fiub"
 def check_array_facts(name, shape, dtype):
     """Refuse dtypes and shapes jask cannot tile, naming what is wrong."""
     dtype = np.dtype(dtype)
-    if dtype.kind not in SUPPORTED_KINDS:
-        raise TypeError(f"{name}: dtype {dtype} is not supported; use a numeric or boolean dtype")
+    if dtype.kind not in SUPPORTED_KINDS and not dtypes.is_stored_by_view(dtype):
+        raise TypeError(f"{name}: dtype {dtype} is not supported; use a numeric or boolean dtype "
+                        "(or bfloat16)")
     if dtype.itemsize == 8 and not jax.config.jax_enable_x64:
         raise TypeError(f"{name}: dtype {dtype} needs 64-bit JAX, which is off, so tiles would be "
                         "computed in 32 bits; call jax.config.update('jax_enable_x64', True) first, "
@@ -67,6 +68,10 @@ def from_zarr(path_or_array, mode: str = "r") -> DiskArray:
         A local Zarr array folder, or an opened ``zarr.Array`` on a local store.
     mode : {"r", "r+"}
         ``"r+"`` allows :meth:`DiskArray.update_` to replace its contents.
+        Zarr v2 arrays are read, but ``"r+"`` is refused for them: jask writes v3 only.
+
+    A ``uint16`` array whose ``attributes["jask"]["dtype"]`` is ``"bfloat16"``
+    opens as bfloat16 (how jask stores bfloat16; see :mod:`jask.io.dtypes`).
     """
     path = path_or_array
     if not isinstance(path, (str, os.PathLike)):
@@ -78,4 +83,8 @@ def from_zarr(path_or_array, mode: str = "r") -> DiskArray:
         path = os.path.join(str(root), getattr(path_or_array, "path", "") or "")
     store = open_existing(os.fspath(path), mode)
     check_array_facts(f"from_zarr({store.path!r})", store.shape, store.dtype)
+    if mode == "r+" and getattr(store.array.metadata, "zarr_format", 3) != 3:
+        raise ValueError(f"from_zarr: {store.path} is a Zarr v2 array; jask reads v2 but writes only v3, "
+                         "so update_ would silently change its format. Open it with mode='r' and write "
+                         "a v3 copy with to_zarr(new_path) to update that instead")
     return DiskArray(node=StoredNode(store))

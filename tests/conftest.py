@@ -1,8 +1,13 @@
 """Shared fixtures: a private scratch dir for the session, settings restored after each test."""
+import atexit
 import gc
 import os
+import shutil
+import tempfile
 
 import pytest
+from hypothesis import HealthCheck, settings
+from hypothesis.configuration import set_hypothesis_home_dir
 
 import jask
 from jask.base import runtime
@@ -10,6 +15,21 @@ from jask.config import config
 from jask.io import scratch
 
 collect_ignore = ["memory_worker.py", "pytest_main.py"]
+
+# Hypothesis profiles (tests/test_properties.py): "ci" by default, bounded and the same examples every
+# run; "long" by JASK_HYPOTHESIS_PROFILE=long or --hypothesis-profile=long, 10x the examples and new ones
+# each run (a failure prints the @reproduce_failure blob that replays it). Nothing is written into the
+# repository: no example database, and Hypothesis's own files (constants cache, patches of failing
+# examples) go to a temporary folder removed at exit.
+_hypothesis_home = tempfile.mkdtemp(prefix="jask-hypothesis-")
+atexit.register(shutil.rmtree, _hypothesis_home, ignore_errors=True)
+set_hypothesis_home_dir(_hypothesis_home)
+_HYPOTHESIS = dict(database=None, deadline=None, print_blob=True,
+                   suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture,
+                                          HealthCheck.data_too_large])
+settings.register_profile("ci", max_examples=50, derandomize=True, **_HYPOTHESIS)
+settings.register_profile("long", max_examples=500, derandomize=False, **_HYPOTHESIS)
+settings.load_profile(os.environ.get("JASK_HYPOTHESIS_PROFILE", "ci"))
 
 
 @pytest.fixture(scope="session", autouse=True)

@@ -69,6 +69,32 @@ def test_64bit_dtype_refused_without_x64(dtype):
             jask.from_numpy(np.ones((5, 7), dtype))
 
 
+@pytest.mark.parametrize("op", [jask.add, jask.sub, jask.mul, jask.dot])
+@pytest.mark.parametrize("first, second", [(np.float32, jnp.bfloat16), (np.float16, jnp.bfloat16),
+                                           (jnp.bfloat16, np.float32)])
+def test_mismatched_low_precision_dtypes(small_tiles, op, first, second):
+    """No implicit promotion between float widths: the message names both dtypes."""
+    a, b = _arr((5, 5), 1, first), _arr((5, 5), 2, second)
+    names = f"{np.dtype(first).name}, {np.dtype(second).name}"
+    with pytest.raises(TypeError, match=f"mismatched dtypes {names}.*convert the inputs to one dtype"):
+        op(a, b)
+
+
+@pytest.mark.parametrize("call, fragment", [
+    (lambda a: jask.add(a, a, a), "add takes 2 DiskArray arguments, got 3"),
+    (lambda a: jask.dot(a), "dot takes 2 DiskArray arguments, got 1"),
+    (lambda a: jask.square(a, a), "square takes 1 DiskArray argument, got 2"),
+    (lambda a: jask.sum(a, axis=0), "sum got unexpected keyword argument 'axis'; it takes no keyword arguments"),
+    (lambda a: jask.transpose(a, perm=(1, 0)),
+     "transpose got unexpected keyword argument 'perm'; it takes keyword arguments: axes"),
+    (lambda a: jask.add(a, a, alpha=2), "add got unexpected keyword argument 'alpha'"),
+], ids=["too_many_arrays", "too_few_arrays", "unary_two_arrays", "sum_axis", "transpose_perm", "add_keyword"])
+def test_wrong_arguments_named_by_the_public_op(small_tiles, call, fragment):
+    """Arity and keywords are checked against the op's methods and reported as the public function's."""
+    with pytest.raises(TypeError, match=re.escape(fragment)):
+        call(_arr((5, 5)))
+
+
 @pytest.mark.parametrize("a_shape, b_shape, fragment", [
     ((5, 7), (5, 7), r"incompatible shapes \(5, 7\), \(5, 7\).*7 and 5"),
     ((5, 7), (6,), r"incompatible shapes \(5, 7\), \(6,\)"),
@@ -105,6 +131,16 @@ def test_add_non_diskarray(small_tiles, bad):
         jask.add(bad, a)
 
 
+@pytest.mark.parametrize("op", [jask.sub, jask.dot])
+@pytest.mark.parametrize("bad", [np.ones((5, 5), np.float32), jnp.ones((5, 5)), None],
+                         ids=["numpy", "jax", "none"])
+def test_binary_ops_reject_non_diskarray(small_tiles, op, bad):
+    a = _arr((5, 5))
+    with pytest.raises(TypeError, match=f"{op.__name__} expects DiskArray inputs; argument 1 is "
+                                        f"{type(bad).__name__}.*jask.from_numpy"):
+        op(a, bad)
+
+
 def test_single_input_ops_reject_non_diskarray():
     for op in (jask.square, jask.sum, jask.transpose):
         with pytest.raises(TypeError, match="DiskArray"):
@@ -118,6 +154,24 @@ def test_mul_non_finite_python_scalar(small_tiles):
             jask.mul(a, bad)
         with pytest.raises(ValueError, match="not finite"):
             bad * a
+
+
+@pytest.mark.parametrize("bad", [jnp.float32(np.nan), jnp.float32(-np.inf), jnp.asarray(np.inf, jnp.bfloat16),
+                                 np.float16(np.inf)], ids=["jax_nan", "jax_-inf", "jax_bf16_inf", "numpy_f16_inf"])
+def test_mul_non_finite_concrete_scalar(small_tiles, bad):
+    """A concrete JAX or NumPy scalar is checked like a Python number, before any op is added."""
+    a = _arr((5, 7))
+    with pytest.raises(ValueError, match=r"mul: scalar factor .*(nan|inf).* is not finite"):
+        a * bad
+    with pytest.raises(ValueError, match="is not finite"):
+        jask.mul(bad, a)
+
+
+def test_mul_non_finite_traced_scalar_propagates(small_tiles):
+    """Under jit the scalar's value is unknown when the op is built: NaN flows through as in jnp."""
+    A = _rand((5, 7))
+    out = jax.jit(lambda a, s: jask.sum(a * s))(jask.from_numpy(A), jnp.float32(np.nan))
+    assert np.isnan(float(out))
 
 
 def test_mul_bad_operands(small_tiles):
@@ -185,6 +239,39 @@ def test_from_zarr_not_zarr(tmp_path):
     f.write_bytes(b"x")
     with pytest.raises(ValueError, match="is a file"):
         jask.from_zarr(f)
+
+
+@pytest.mark.parametrize("shape", [(0,), (0, 3), (4, 0)])
+def test_from_zarr_zero_size_dimension(tmp_path, shape):
+    p = tmp_path / "empty.zarr"
+    zarr.create_array(p, shape=shape, dtype="float32", chunks=tuple(max(d, 1) for d in shape))
+    with pytest.raises(ValueError, match=re.escape(f"shape {shape} has a zero-size dimension")):
+        jask.from_zarr(p)
+
+
+def test_from_zarr_group_is_not_an_array(tmp_path):
+    p = tmp_path / "group.zarr"
+    zarr.create_group(p)
+    with pytest.raises(ValueError, match=f"cannot open {re.escape(str(p))} as a Zarr array.*group"):
+        jask.from_zarr(p)
+
+
+def test_from_zarr_unsupported_stored_dtype(tmp_path):
+    p = tmp_path / "complex.zarr"
+    zarr.create_array(p, shape=(3,), dtype="complex64", chunks=(3,))
+    with pytest.raises(TypeError, match=r"from_zarr\(.*complex.zarr'\): dtype complex64 is not supported"):
+        jask.from_zarr(p)
+
+
+def test_from_zarr_v2_read_but_not_updated(small_tiles, tmp_path):
+    """A Zarr v2 array is read; opening it for update_ is refused, since jask would rewrite it as v3."""
+    A = _rand((5, 7))
+    p = tmp_path / "v2.zarr"
+    zarr.create_array(p, shape=A.shape, dtype=A.dtype, chunks=(4, 4), zarr_format=2)[...] = A
+    np.testing.assert_array_equal(np.asarray(jask.from_zarr(p)), A)
+    with pytest.raises(ValueError, match=f"{re.escape(str(p))} is a Zarr v2 array.*writes only v3"):
+        jask.from_zarr(p, mode="r+")
+    assert zarr.open_array(p, mode="r").metadata.zarr_format == 2
 
 
 def test_from_zarr_corrupt_metadata(tmp_path):
@@ -340,6 +427,54 @@ def test_bad_settings():
     with pytest.raises(ValueError, match="unknown backend 'cuda'"):
         jask.config.update("backend", "cuda")
     assert config.tile is None
+
+
+def test_tile_setting_types():
+    for bad in ("8", [8], 1e3):
+        with pytest.raises(ValueError, match=re.escape(f"tile must be a positive int or None, got {bad!r}")):
+            jask.config.update("tile", bad)
+    assert config.tile is None
+
+
+def _fake_gpu(monkeypatch):
+    """Make the ``pallas`` backend believe it compiles for a GPU (Triton), without one."""
+    from jask.kernels import pallas
+    monkeypatch.setattr(pallas, "current_platform", lambda: "gpu")
+    jask.config.update("backend", "pallas")
+
+
+@pytest.mark.parametrize("sink", ["sum", "to_zarr", "numpy"])
+def test_tile_the_backend_cannot_use(monkeypatch, tmp_path, sink):
+    """A forced tile edge that is not a power of two is refused for Pallas on GPU before any tile is read."""
+    a, b = _arr((9, 10), 1), _arr((9, 10), 2)
+    d = a - b
+    _fake_gpu(monkeypatch)
+    jask.config.update("tile", 6)
+    root = scratch.process_dir()
+    before = _entries(root)
+    run = {"sum": lambda: jask.sum(jask.square(d)), "to_zarr": lambda: d.to_zarr(tmp_path / "out.zarr"),
+           "numpy": lambda: np.asarray(d)}[sink]
+    with jask.profile() as prof:
+        with pytest.raises(ValueError, match=r"tile 6 set with jask.config.update\('tile', \.\.\.\) is illegal "
+                                             r"for Pallas on GPU.*power of two") as info:
+            run()
+        assert str(info.value).split(":")[0] in ("sub", "sub+square+sum"), "the error names the user's ops"
+    assert prof.bytes_read == 0 and prof.tiles == 0
+    assert _entries(root) - before == set(), "a store was written before the tile was checked"
+    assert not (tmp_path / "out.zarr").exists()
+
+
+def test_pallas_backend_without_accelerator(small_tiles):
+    from jask.kernels import pallas
+    if pallas.current_platform() in ("tpu", "gpu"):
+        pytest.skip("this machine has an accelerator, so backend 'pallas' is legal here")
+    a = _arr((5, 7))
+    jask.config.update("backend", "pallas")
+    with jask.profile() as prof:
+        with pytest.raises(RuntimeError, match=r"compiles for TPU \(Mosaic\) or GPU \(Triton\).*'cpu'.*"
+                                               r"pallas-interpret"):
+            jask.sum(a)
+    assert prof.bytes_read == 0
 
 
 def _shm():

@@ -81,6 +81,8 @@ OPS = [
                  id="mul_array_jaxscalar"),
     pytest.param((_scalar(jnp.float32(-0.6)), _mat((5, 7))), jask.mul, lambda s, a: s * a,
                  id="mul_jaxscalar_array"),
+    pytest.param((_scalar(jnp.float32(0.8)), _mat((5, 7))), operator.mul, operator.mul,
+                 id="mul_jaxscalar_array_operator"),  # s * a with both traced: JAX never tries a.__rmul__
     pytest.param((_mat((5, 7)),), jask.square, jnp.square, id="square"),
     # reductions
     pytest.param((_mat((5, 7)),), jask.sum, jnp.sum, id="sum"),

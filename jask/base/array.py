@@ -256,3 +256,4 @@ class DiskArray:
 
 
 compat.register_hitype(DiskArray, lambda x: x._aval)
+compat.defer_reflected_operator(DiskArrayType, "mul")  # traced_scalar * x under jit/grad, as x * traced_scalar

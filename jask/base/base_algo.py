@@ -36,7 +36,7 @@ until the call has finished (``runtime.safe_point``).
 from __future__ import annotations
 
 import dataclasses
-import os
+import inspect
 from collections import defaultdict
 
 import jax
@@ -258,6 +258,38 @@ class _OneGradient:
             self._algo.write(idx, block)
 
 
+def _call_checker(name, cls):
+    """A check of the number of arrays and the keywords a call passes, read once from the op's methods.
+
+    Without it a wrong call fails inside ``output_shape`` or ``from_inputs``
+    with a message about those methods instead of about the public function.
+    """
+    shape_params = list(inspect.signature(cls.output_shape).parameters.values())[1:]  # drop self
+    n_arrays = None if any(p.kind is p.VAR_POSITIONAL for p in shape_params) else len(shape_params)
+    custom = cls.from_inputs.__func__ is not _Op.from_inputs.__func__
+    if custom:
+        params = list(inspect.signature(cls.from_inputs).parameters.values())
+        params = [p for p in params if p.kind is not p.VAR_POSITIONAL][n_arrays or 0:]
+    elif cls.__init__ is object.__init__:
+        params = []
+    else:
+        params = list(inspect.signature(cls.__init__).parameters.values())[1:]
+    open_ended = any(p.kind is p.VAR_KEYWORD for p in params)
+    accepted = sorted(p.name for p in params if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY))
+
+    def check(n_inputs, kwargs):
+        if n_arrays is not None and n_inputs != n_arrays:
+            raise TypeError(f"{name} takes {n_arrays} DiskArray argument{'s' * (n_arrays != 1)}, "
+                            f"got {n_inputs}")
+        unknown = sorted(set(kwargs) - set(accepted))
+        if unknown and not open_ended:
+            takes = f"keyword arguments: {', '.join(accepted)}" if accepted else "no keyword arguments"
+            raise TypeError(f"{name} got unexpected keyword argument{'s' * (len(unknown) > 1)} "
+                            f"{', '.join(map(repr, unknown))}; it takes {takes}")
+
+    return check
+
+
 def _check_inputs(name, inputs):
     for pos, x in enumerate(inputs):
         if not is_disk_array(x):
@@ -270,7 +302,7 @@ def _check_inputs(name, inputs):
 
 def _check_alive(name, node):
     r = node.resolved()
-    if isinstance(r, StoredNode) and not os.path.isdir(r.store.path):
+    if isinstance(r, StoredNode) and r.store.deleted():   # a pinned user store may be renamed, not gone
         raise FileNotFoundError(f"{name}: the Zarr store {r.store.path} backing an input was deleted")
 
 
@@ -284,9 +316,11 @@ def make_op(cls, doc: str | None = None, name: str | None = None):
     if not (isinstance(cls, type) and issubclass(cls, (BlockParallelOp, CustomOp))):
         raise TypeError(f"make_op expects a BlockParallelOp or CustomOp subclass, got {cls!r}")
     op_name = name or cls.__name__.lower()
+    check_call = _call_checker(op_name, cls)
 
     def op(*inputs, **kwargs):
         _check_inputs(op_name, inputs)
+        check_call(len(inputs), kwargs)
         if not any(compat.is_traced(x) for x in inputs):
             runtime.safe_point()
         spec = OpSpec(cls, tuple(sorted((k, freeze(v)) for k, v in kwargs.items())), op_name)

@@ -42,6 +42,29 @@ def is_zero_cotangent(ct) -> bool:
     return isinstance(ct, Zero)
 
 
+def defer_reflected_operator(aval_type, name: str) -> None:
+    """Make ``s <op> x`` reach ``aval_type._r<op>`` when ``s`` is a traced JAX value and ``x`` a traced hi-value.
+
+    A tracer forwards ``s * x`` to ``s.aval._mul(s, x)``. JAX's ShapedArray
+    method returns NotImplemented for an operand it does not know, and Python
+    then never tries ``x.__rmul__``: both operands are tracers of one class.
+    So ``traced_scalar * disk_array`` failed under ``jit`` and ``grad`` while
+    ``disk_array * traced_scalar`` worked. The wrapper hands such operands to
+    the hi-type's reflected method and leaves every other case to JAX.
+    """
+    original = getattr(ShapedArray, f"_{name}", None)
+    reflected = getattr(aval_type, f"_r{name}", None)
+    if original is None or reflected is None:  # another JAX layout: keep its behaviour
+        return
+
+    def method(x, y):
+        if isinstance(y, Tracer) and isinstance(y.aval, aval_type):
+            return reflected(y, x)
+        return original(x, y)
+
+    setattr(ShapedArray, f"_{name}", staticmethod(method))
+
+
 def unused_arguments(fn, arg_specs) -> frozenset[int]:
     """Positions of arguments whose values ``fn`` never reads (shapes may still be used).
 

@@ -732,8 +732,14 @@ def run(roots, make_sinks=None):
             for sink in sinks:
                 sink.abort()
             raise
-        for n, sink in zip(group, sinks):
-            out = sink.finish()
+        for k, (n, sink) in enumerate(zip(group, sinks)):
+            try:
+                out = sink.finish()
+            except BaseException:
+                # the rest never reach their paths; ones already committed stay (each is atomic alone)
+                for rest in sinks[k + 1:]:
+                    rest.abort()
+                raise
             if id(n) in root_ids:
                 results[root_ids[id(n)]] = out
     return results

@@ -137,6 +137,11 @@ class FusedTileOp:
         self.root_op = program.root_op
         self.root_refs = program.root_refs
 
+    @property
+    def label(self) -> str:
+        """How errors name this kernel: the fused ops in order, e.g. ``sub+square+sum``."""
+        return "+".join([step[4] for step in self.steps] + [type(self.root_op).__name__.lower()])
+
     def forward_block(self, *leaves):
         done = []
 

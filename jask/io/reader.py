@@ -19,6 +19,15 @@ Two pieces:
 Stores jask writes store every chunk (``attributes.jask.dense``), so a chunk
 file that is missing there is damage and raises :class:`MissingChunkError`;
 in other stores a missing chunk reads as the fill value, as Zarr specifies.
+A chunk that is there but cannot be used (an uncompressed chunk or shard of
+the wrong size, a shard index failing its checksum, a compressed chunk the
+codec cannot decode) raises :class:`CorruptChunkError` naming the chunk key
+and the store. Uncompressed chunks carry no checksum: garbage of the right
+size reads as data.
+
+User stores are read through their pinned folder (``store.root``, see
+:class:`jask.io.store._Pin`), so a read sees the version that was opened even
+while another process replaces the path.
 """
 from __future__ import annotations
 
@@ -32,6 +41,8 @@ from collections import OrderedDict
 from typing import NamedTuple
 
 import numpy as np
+
+from jask.io import dtypes
 
 MAX_UINT64 = np.uint64(2**64 - 1)
 _INDEX_CACHE = 256  # shard indexes kept per reader (16 bytes per inner chunk each)
@@ -52,6 +63,10 @@ class TileReadError(RuntimeError):
 
 class MissingChunkError(TileReadError, FileNotFoundError):
     """A chunk (or the whole store) that must exist is not on disk."""
+
+
+class CorruptChunkError(TileReadError, ValueError):
+    """A chunk file is there but damaged: wrong size, bad shard index, or undecodable."""
 
 
 class TileKey(NamedTuple):
@@ -102,7 +117,7 @@ class BufferPool:
         self._lock = threading.Lock()
 
     def get(self, shape, dtype) -> np.ndarray:
-        key = (tuple(shape), np.dtype(dtype).str)
+        key = (tuple(shape), np.dtype(dtype))  # not .str: bfloat16's is '<V2', a different dtype
         with self._lock:
             bufs = self._free.setdefault(key, [])
             for i in range(len(bufs)):
@@ -177,12 +192,15 @@ class TileReader:
     def __init__(self, store):
         self.array = store.array    # not the store itself: that would keep owned scratch alive
         self.path = store.path
+        self.root = getattr(store, "root", store.path)   # where files are read: a user store's pinned folder
+        self._pin = getattr(store, "_pin", None)          # ``root`` names the pin's descriptor: keep it open
         self.layout = _Layout(store.array)
+        self.dtype = dtypes.logical_dtype(store.array, store.path)  # layout.dtype is what is on disk
         attrs = getattr(store.array, "attrs", {}) or {}
         self.dense = bool((attrs.get("jask") or {}).get("dense", False))
         self._indexes: OrderedDict = OrderedDict()
         self._lock = threading.Lock()
-        self._ts = _open_tensorstore(self.path, self.array) if self.layout.mode == "zarr" else None
+        self._ts = _open_tensorstore(self.root, self.array) if self.layout.mode == "zarr" else None
 
     @property
     def mode(self) -> str:
@@ -190,21 +208,26 @@ class TileReader:
         return "tensorstore" if self._ts is not None else self.layout.mode
 
     def read(self, region, out: np.ndarray | None = None) -> np.ndarray:
-        """Read ``region`` (a tuple of slices) into ``out`` (allocated when None) and return it."""
+        """Read ``region`` (a tuple of slices) into ``out`` (allocated when None) and return it.
+
+        ``out`` and the result have the array's logical dtype (``self.dtype``);
+        bfloat16 bits are read through a ``uint16`` view of the same buffer.
+        """
         region = tuple(region)
         shape = tuple(s.stop - s.start for s in region)
         if out is None:
-            out = aligned_empty(shape, self.layout.dtype)
-        elif out.shape != shape or out.dtype != self.layout.dtype:
+            out = aligned_empty(shape, self.dtype)
+        elif out.shape != shape or out.dtype != self.dtype:
             raise ValueError(f"read buffer of shape {out.shape} {out.dtype} does not fit region "
-                             f"{describe_region(region)} of {self.path} ({self.layout.dtype})")
-        if not os.path.isdir(self.path):
+                             f"{describe_region(region)} of {self.path} ({self.dtype})")
+        if (self._pin.deleted() if self._pin is not None else not os.path.isdir(self.path)):
             raise MissingChunkError(f"the Zarr store at {self.path} was deleted while still in use",
                                     path=self.path, region=region)
+        raw = dtypes.to_storage(out)
         if self.layout.mode == "zarr":
-            self._read_zarr(region, out)
+            self._read_zarr(region, raw)
         else:
-            self._read_direct(region, out)
+            self._read_direct(region, raw)
         return out
 
     # ------------------------------------------------------------ zarr route
@@ -214,17 +237,40 @@ class TileReader:
         if self.dense and self.layout.shape:
             for coords in _covering(region, self.layout.outer):
                 self._require_file(coords)
-        if self._ts is not None:
-            out[...] = self._ts[region].read().result()
-        elif out.ndim == 0:
-            out[...] = self.array[()]
-        else:
-            self.array.get_basic_selection(region, out=NDBuffer.from_numpy_array(out))
+        try:
+            if self._ts is not None:
+                out[...] = self._ts[region].read().result()
+            elif out.ndim == 0:
+                out[...] = self.array[()]
+            else:
+                self.array.get_basic_selection(region, out=NDBuffer.from_numpy_array(out))
+        except Exception as e:
+            raise self._decode_error(region, e) from e
+
+    def _chunk_key(self, outer_coords):
+        meta = self.array.metadata
+        return meta.encode_chunk_key(outer_coords) if hasattr(meta, "encode_chunk_key") else None
+
+    def _decode_error(self, region, err) -> TileReadError:
+        """Name the chunk a failed zarr/TensorStore read choked on, found by reading its chunks one by one."""
+        key = None
+        if self.layout.shape:
+            for coords in _covering(region, self.layout.outer):
+                whole = tuple(slice(c * n, min((c + 1) * n, d))
+                              for c, n, d in zip(coords, self.layout.outer, self.layout.shape))
+                try:
+                    self.array[whole]
+                except Exception:
+                    key = self._chunk_key(coords)
+                    break
+        where = f"chunk file {key}" if key is not None else f"region {describe_region(region)}"
+        cls = TileReadError if isinstance(err, OSError) else CorruptChunkError
+        return cls(f"{where} of {self.path} cannot be read or decoded: {type(err).__name__}: {err}",
+                   path=self.path, region=region)
 
     def _require_file(self, outer_coords):
-        key = self.array.metadata.encode_chunk_key(outer_coords) \
-            if hasattr(self.array.metadata, "encode_chunk_key") else None
-        if key is not None and not os.path.exists(os.path.join(self.path, key)):
+        key = self._chunk_key(outer_coords)
+        if key is not None and not os.path.exists(os.path.join(self.root, key)):
             raise MissingChunkError(f"chunk file {key} of {self.path} is missing", path=self.path)
 
     # ------------------------------------------------------------ direct route
@@ -243,9 +289,10 @@ class TileReader:
                 self._read_inner_chunk(coords, inner, dest)
 
     def _open(self, key):
-        path = os.path.join(self.path, key)
         try:
-            return os.open(path, os.O_RDONLY)
+            if self._pin is not None:      # openat() on the pinned folder: no path lookup through /proc
+                return os.open(key, os.O_RDONLY, dir_fd=self._pin.fd)
+            return os.open(os.path.join(self.root, key), os.O_RDONLY)
         except FileNotFoundError:
             if self.dense:
                 raise MissingChunkError(f"chunk file {key} of {self.path} is missing",
@@ -261,8 +308,9 @@ class TileReader:
             nbytes = self._chunk_nbytes()
             size = os.fstat(fd).st_size
             if size != nbytes:
-                raise ValueError(f"chunk file {self.layout.encode_key(coords)} of {self.path} has "
-                                 f"{size} bytes, expected {nbytes} for an uncompressed chunk")
+                raise CorruptChunkError(f"chunk file {self.layout.encode_key(coords)} of {self.path} has "
+                                        f"{size} bytes, expected {nbytes} for an uncompressed chunk",
+                                        path=self.path)
             _pread_chunk(fd, 0, self.layout.chunk, inner, dest)
         finally:
             os.close(fd)
@@ -288,8 +336,11 @@ class TileReader:
                 dest[...] = self.array.fill_value
                 return
             if length != self._chunk_nbytes():
-                raise ValueError(f"inner chunk {tuple(coords)} in shard {key} of {self.path} has "
-                                 f"{length} bytes, expected {self._chunk_nbytes()}")
+                raise CorruptChunkError(f"inner chunk {tuple(coords)} in shard {key} of {self.path} has "
+                                        f"{length} bytes, expected {self._chunk_nbytes()}", path=self.path)
+            if offset + length > os.fstat(fd).st_size:
+                raise CorruptChunkError(f"inner chunk {tuple(coords)} in shard {key} of {self.path} lies "
+                                        f"past the end of the file (truncated shard)", path=self.path)
             _pread_chunk(fd, offset, lay.chunk, inner, dest)
         finally:
             os.close(fd)
@@ -304,8 +355,8 @@ class TileReader:
         mtime = os.fstat(fd).st_mtime_ns
         size = os.fstat(fd).st_size
         if size < lay.index_bytes:
-            raise ValueError(f"shard {key} of {self.path} has {size} bytes, fewer than its index "
-                             f"({lay.index_bytes})")
+            raise CorruptChunkError(f"shard {key} of {self.path} has {size} bytes, fewer than its index "
+                                    f"({lay.index_bytes})", path=self.path)
         raw = os.pread(fd, lay.index_bytes, size - lay.index_bytes if lay.index_at_end else 0)
         if len(raw) != lay.index_bytes:
             raise OSError(f"short read of the index of shard {key} of {self.path}")
@@ -313,7 +364,8 @@ class TileReader:
         if lay.index_crc:
             import google_crc32c
             if google_crc32c.value(body) != int.from_bytes(raw[-4:], "little"):
-                raise ValueError(f"shard {key} of {self.path} has a corrupt index (crc32c mismatch)")
+                raise CorruptChunkError(f"shard {key} of {self.path} has a corrupt index (crc32c mismatch)",
+                                        path=self.path)
         index = np.frombuffer(body, "<u8").reshape(lay.per_shard + (2,))
         with self._lock:
             self._indexes[shard] = (mtime, index)
@@ -495,7 +547,7 @@ class Prefetcher:
             return read()
         store, region = read
         reader = reader_for(store)
-        out = self.pool.get(tuple(s.stop - s.start for s in region), reader.layout.dtype)
+        out = self.pool.get(tuple(s.stop - s.start for s in region), reader.dtype)
         return reader.read(region, out=out)
 
     # ------------------------------------------------------------ consumer
@@ -573,5 +625,6 @@ def _read_error(key, err, read) -> TileReadError:
         where += f" (region {describe_region(region)})"
     if path is not None:
         where += f" of {path}"
-    cls = MissingChunkError if isinstance(err, FileNotFoundError) else TileReadError
+    cls = (MissingChunkError if isinstance(err, FileNotFoundError)
+           else CorruptChunkError if isinstance(err, CorruptChunkError) else TileReadError)
     return cls(f"reading {where} failed: {type(err).__name__}: {err}", path=path, tile=tile, region=region)

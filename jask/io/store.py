@@ -3,21 +3,38 @@
 Every store jask writes is first built under a hidden sibling name and only
 renamed onto its final path once complete, so a crash leaves either nothing or
 a whole array. Replacing an existing path (``to_zarr(..., overwrite=True)``,
-``update_``) moves the old folder aside, renames the new one in, and only then
-drops the old one; :func:`recover` finishes or rolls back a swap that a crash
-interrupted.
+``update_``) swaps the complete new folder with the old one in one atomic
+``renameat2(RENAME_EXCHANGE)`` (the path never goes missing), renames the old
+folder to its ``-old-`` sibling and only then drops it. Where the filesystem
+cannot exchange, it moves the old folder aside and renames the new one in;
+:func:`recover` finishes or rolls back such a swap when its process died.
+
+Readers see one version. A user store (not scratch) is opened through a
+:class:`_Pin`: a directory file descriptor holding a shared ``flock``, through
+which metadata and every chunk are read, so a reader keeps reading the version
+it opened while another process swaps the path under it. A replaced folder is
+deleted only by whoever gets the exclusive lock on it: the committing process
+when no one reads it, otherwise the last reader to let go of it, or the next
+:func:`recover` of its path.
+
+Fault injection (:mod:`jask.io.faults`) fires at each step of a write and a commit.
 """
 from __future__ import annotations
 
+import ctypes
+import errno
+import fcntl
 import glob
 import os
 import secrets
 import shutil
+import time
 import weakref
 
 import numpy as np
 import zarr
 
+from jask.io import dtypes, faults
 from jask.io.scratch import pid_alive
 
 
@@ -43,6 +60,138 @@ def _sibling(path: str, kind: str) -> str:
     return os.path.join(head, f".{name}.jask-{kind}-{os.getpid()}-{secrets.token_hex(3)}")
 
 
+def describe_array(shape, dtype, path) -> str:
+    """How error messages name an array: dtype, shape and path."""
+    return f"the {np.dtype(dtype)} array of shape {tuple(shape)} at {path}"
+
+
+def _io_error(err: OSError, what: str) -> OSError:
+    """An ``OSError`` of the same errno (and subclass) whose message says what was being done."""
+    if err.errno:
+        return OSError(err.errno, f"{what} failed: {err.strerror or err}")
+    return OSError(f"{what} failed: {err}")
+
+
+# ---------------------------------------------------------------- pins
+
+class _Pin:
+    """A directory file descriptor on one array folder, holding a shared ``flock`` on it.
+
+    Reads go through the descriptor (``openat`` on ``fd`` for direct chunk
+    reads, ``root`` = ``/proc/self/fd/N`` for zarr), which follows the folder
+    through renames, so a reader keeps the version it opened while another
+    process swaps the path. The lock keeps any jask process from deleting the
+    folder meanwhile. Released when garbage collected: the last holder of a
+    retired (``-old-``) folder deletes it.
+    """
+
+    def __init__(self, path: str):
+        fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_SH)
+        except BaseException:
+            os.close(fd)
+            raise
+        self.fd = fd
+        proc = f"/proc/self/fd/{fd}"
+        self.root = proc if os.path.isdir(proc) else os.path.abspath(path)
+        self.inode = _inode(os.fstat(fd))
+        self._finalizer = weakref.finalize(self, _release_pin, fd, os.getpid())
+
+    def release(self) -> None:
+        self._finalizer()
+
+    def deleted(self) -> bool:
+        """Whether the pinned folder was removed (it may be renamed: that is fine)."""
+        return os.fstat(self.fd).st_nlink == 0
+
+
+def _inode(st) -> tuple[int, int]:
+    return st.st_dev, st.st_ino
+
+
+def _release_pin(fd: int, owner: int) -> None:
+    """Drop a pin; if it was the last on a retired folder, delete the folder.
+
+    In a forked child the descriptor (and its lock) is the parent's too, so it is only closed.
+    """
+    try:
+        if os.getpid() != owner:
+            return
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        here = os.readlink(f"/proc/self/fd/{fd}")
+        if _is_retired(here):
+            _remove_tree(here)
+    except OSError:
+        pass   # others still read it, or no /proc: the next recover() of its path sweeps it
+    finally:
+        os.close(fd)
+
+
+def _is_retired(path: str) -> bool:
+    return os.path.basename(path).startswith(".") and ".jask-old-" in os.path.basename(path)
+
+
+def _pin_current(path: str) -> _Pin:
+    """Pin the folder now at ``path`` (retrying if a swap lands between the open and the lock)."""
+    for _ in range(100):
+        pin = _Pin(path)
+        try:
+            if _inode(os.stat(path)) == pin.inode:
+                return pin
+        except FileNotFoundError:
+            pass
+        pin.release()
+    raise OSError(f"{path} is being replaced faster than it can be opened")
+
+
+def _drop_retired(path: str) -> bool:
+    """Delete a replaced folder unless some process still reads it (holds its lock); returns whether deleted."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
+    except FileNotFoundError:
+        return True
+    except OSError:
+        return False
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError:
+        os.close(fd)
+        return False
+    try:
+        _remove_tree(path)
+    finally:
+        os.close(fd)
+    return True
+
+
+USE_EXCHANGE = True   # swap folders with renameat2(RENAME_EXCHANGE) where the filesystem can
+_RENAME_EXCHANGE = 2
+_AT_FDCWD = -100
+_libc = None
+
+
+def _exchange(a: str, b: str) -> bool:
+    """Atomically swap the names ``a`` and ``b``; False where the system or filesystem cannot."""
+    global _libc
+    if not USE_EXCHANGE:
+        return False
+    if _libc is None:
+        try:
+            _libc = ctypes.CDLL(None, use_errno=True)
+        except OSError:
+            _libc = False
+    fn = getattr(_libc, "renameat2", None) if _libc else None
+    if fn is None:
+        return False
+    if fn(_AT_FDCWD, os.fsencode(a), _AT_FDCWD, os.fsencode(b), _RENAME_EXCHANGE) == 0:
+        return True
+    code = ctypes.get_errno()
+    if code in (errno.EINVAL, errno.ENOSYS, errno.EOPNOTSUPP):
+        return False
+    raise OSError(code, os.strerror(code), a, None, b)
+
+
 class Store:
     """One Zarr v3 array on disk.
 
@@ -51,21 +200,36 @@ class Store:
     path : str
         Folder of the Zarr array.
     array : zarr.Array
-        The opened array.
+        The opened array (for a pinned store, opened through ``pin.root``:
+        keep the store, or its pin, alive while using it).
     owned : bool
         Whether jask created it as scratch; owned stores are deleted once no
         array refers to them.
     writable : bool
         Whether ``update_`` may replace its contents.
+    pin : _Pin, optional
+        Holds the folder of a user store; ``array`` is then opened through
+        ``pin.root``, so it reads the version it opened even after the path is
+        replaced by another process.
     """
 
-    def __init__(self, path: str, array, owned: bool, writable: bool = False):
+    def __init__(self, path: str, array, owned: bool, writable: bool = False, pin: "_Pin | None" = None):
         self.path = os.path.abspath(path)
         self.array = array
         self.owned = owned
         self.writable = writable
+        self._pin = pin
         self._folder = _Folder(self.path) if owned else None
         _open_stores.setdefault(self.path, weakref.WeakSet()).add(self)
+
+    @property
+    def root(self) -> str:
+        """Where to read files from: the pinned folder of a user store, else ``path``."""
+        return self._pin.root if self._pin is not None else self.path
+
+    def deleted(self) -> bool:
+        """Whether the folder this store reads was deleted (a pinned one may be renamed meanwhile)."""
+        return self._pin.deleted() if self._pin is not None else not os.path.isdir(self.path)
 
     @property
     def shape(self) -> tuple[int, ...]:
@@ -73,7 +237,8 @@ class Store:
 
     @property
     def dtype(self) -> np.dtype:
-        return np.dtype(self.array.dtype)
+        """The dtype tiles are computed in (bfloat16 for a uint16 array marked so: :mod:`jask.io.dtypes`)."""
+        return dtypes.logical_dtype(self.array, self.path)
 
     @property
     def chunks(self) -> tuple[int, ...]:
@@ -88,17 +253,24 @@ class Store:
 
     def read(self, region: tuple[slice, ...]) -> np.ndarray:
         """Read one region (a tile) into a fresh NumPy array."""
-        if not os.path.isdir(self.path):
+        if self.deleted():
             raise FileNotFoundError(f"the Zarr store at {self.path} was deleted while still in use")
-        return np.asarray(self.array[region])
+        return dtypes.to_logical(np.asarray(self.array[region]), self.dtype)
 
-    def _adopt(self, folder: "_Folder") -> None:
-        """Point this store at a folder that was moved aside; the folder dies with its last store."""
-        self.path = folder.path
-        self.array = zarr.open_array(self.path, mode="r")
+    def _adopt(self, aside: str, folder: "_Folder") -> None:
+        """Follow this store's folder to ``aside``, where a replacement moved it.
+
+        A pinned store keeps reading through its pin, and the folder is deleted
+        by the last pin let go of (here or in another process); an unpinned one
+        shares ``folder``, removed with the last store holding it.
+        """
+        self.path = aside
+        if self._pin is None or not self._pin.root.startswith("/proc/"):
+            self.array = zarr.open_array(self.path, mode="r")
+        if self._pin is None:
+            self._folder = folder
         self.owned = True
         self.writable = False
-        self._folder = folder
         _open_stores.setdefault(self.path, weakref.WeakSet()).add(self)
 
 
@@ -117,15 +289,14 @@ def _move_open_stores(path: str, aside: str) -> bool:
     """Make every open Store on ``path`` follow its old contents to ``aside``.
 
     Arrays are values: an array opened before ``path`` was replaced keeps
-    reading what it opened. Returns whether any store adopted the folder.
+    reading what it opened. Returns whether an unpinned store now owns the
+    folder (pinned ones leave its deletion to :func:`_drop_retired` and their pins).
     """
     stores = [st for st in _open_stores.pop(path, ()) if st.path == path]
-    if not stores:
-        return False
-    folder = _Folder(aside)
+    folder = _Folder(aside) if any(st._pin is None for st in stores) else None
     for st in stores:
-        st._adopt(folder)
-    return True
+        st._adopt(aside, folder)
+    return folder is not None
 
 
 class PendingStore:
@@ -142,51 +313,129 @@ class PendingStore:
 
     def __init__(self, final_path: str, shape, dtype, chunks, compressors=None, shards=None):
         self.final_path = os.path.abspath(final_path)
+        self.what = describe_array(shape, dtype, self.final_path)
         os.makedirs(os.path.dirname(self.final_path), exist_ok=True)
         self.tmp_path = _sibling(self.final_path, "tmp")
         shards = None if shards is None else tuple(int(s) for s in shards)
         if shards is not None:
             check_shards(shape, chunks, shards)
-        self.array = zarr.create_array(
-            self.tmp_path, shape=tuple(shape), dtype=np.dtype(dtype), chunks=tuple(chunks),
-            shards=shards, compressors=compressors, fill_value=0, zarr_format=3,
-            config={"write_empty_chunks": True}, attributes={"jask": {"dense": True}})
         self._finalizer = weakref.finalize(self, _remove_tree, self.tmp_path)
-        from jask.io.writer import make_chunk_writer
-        self._writer = make_chunk_writer(self.array, self.tmp_path)
+        try:
+            self.array = zarr.create_array(
+                self.tmp_path, shape=tuple(shape), dtype=dtypes.storage_dtype(dtype), chunks=tuple(chunks),
+                shards=shards, compressors=compressors, fill_value=0, zarr_format=3,
+                config={"write_empty_chunks": True},
+                attributes={"jask": {"dense": True, **dtypes.dtype_attributes(dtype)}})
+            from jask.io.writer import make_chunk_writer
+            self._writer = make_chunk_writer(self.array, self.tmp_path)
+            if faults.hook is not None:
+                faults.fire("after_create", path=self.final_path)
+        except BaseException as e:
+            self._finalizer()
+            if isinstance(e, OSError):
+                raise _io_error(e, f"creating {self.what}") from e
+            raise
 
     def write(self, region: tuple[slice, ...], block) -> None:
-        """Write one region; not thread-safe (one writer at a time, e.g. a :class:`jask.io.writer.WriteBehind`)."""
-        if self._writer is not None:
-            self._writer.write(tuple(region), np.asarray(block))
-        else:
-            self.array[region] = np.asarray(block)
+        """Write one region; not thread-safe (one writer at a time, e.g. a :class:`jask.io.writer.WriteBehind`).
+
+        An ``OSError`` (disk full, I/O error) is raised again as one of the same
+        errno naming the region, the array and its path.
+        """
+        block = dtypes.to_storage(block)  # bfloat16 tiles go to disk as their uint16 bits
+        try:
+            if faults.hook is not None:
+                faults.fire("before_tile_write", path=self.final_path, region=region)
+            if self._writer is not None:
+                self._writer.write(tuple(region), block)
+            else:
+                self.array[region] = block
+            if faults.hook is not None:
+                faults.fire("after_tile_write", path=self.final_path, region=region)
+        except OSError as e:
+            from jask.io.reader import describe_region
+            raise _io_error(e, f"writing region {describe_region(region)} of {self.what}") from e
 
     def abort(self) -> None:
+        """Remove the hidden folder (idempotent; a no-op once committed)."""
         self._finalizer()
 
     def commit(self, owned: bool, replace: bool = False, writable: bool = False) -> Store:
-        """Rename onto the final path; a replaced folder lives on for arrays still open on it."""
-        if self._writer is not None:
-            self._writer.finish()
-        old_aside = None
-        if os.path.exists(self.final_path):
-            if not replace:
-                self.abort()
+        """Make the complete array visible at its final path; returns it opened.
+
+        Until the swap (fault point ``after_swap``) a failure removes the new
+        folder and leaves the path as it was; an ``OSError`` is raised again
+        naming the array and path. (Past that point the new array is in place;
+        only the old folder's disposal is left.) A replaced folder lives on for
+        arrays still open on it, in this process or another.
+        """
+        pin = None
+        try:
+            if self._writer is not None:
+                self._writer.finish()
+            if faults.hook is not None:
+                faults.fire("before_commit", path=self.final_path)
+            exists = os.path.lexists(self.final_path)
+            if exists and not replace:
                 raise FileExistsError(f"{self.final_path} already exists; pass overwrite=True to replace it")
-            ready = _sibling(self.final_path, "new")
-            os.rename(self.tmp_path, ready)
-            old_aside = _sibling(self.final_path, "old")
-            os.rename(self.final_path, old_aside)
-            os.rename(ready, self.final_path)
-        else:
-            os.rename(self.tmp_path, self.final_path)
-        self._finalizer.detach()
+            pin = None if owned else _Pin(self.tmp_path)   # the new folder, wherever it is renamed
+            old_aside = self._swap() if exists else self._rename_in()
+        except BaseException as e:
+            if pin is not None:
+                pin.release()
+            self.abort()
+            if isinstance(e, OSError) and not isinstance(e, FileExistsError):
+                raise _io_error(e, f"committing {self.what}") from e
+            raise
         _fsync_dir(os.path.dirname(self.final_path))
-        if old_aside is not None and not _move_open_stores(self.final_path, old_aside):
-            _remove_tree(old_aside)
-        array = zarr.open_array(self.final_path, mode="r+" if writable else "r")
-        return Store(self.final_path, array, owned=owned, writable=writable)
+        if old_aside is not None:
+            if faults.hook is not None:
+                faults.fire("after_retire", path=self.final_path)
+            if not _move_open_stores(self.final_path, old_aside):
+                _drop_retired(old_aside)
+            _sweep(self.final_path)
+        if faults.hook is not None:
+            faults.fire("after_commit", path=self.final_path)
+        array = zarr.open_array(pin.root if pin is not None else self.final_path,
+                                mode="r+" if writable else "r")
+        return Store(self.final_path, array, owned=owned, writable=writable, pin=pin)
+
+    def _rename_in(self) -> None:
+        os.rename(self.tmp_path, self.final_path)
+        self._finalizer.detach()
+        if faults.hook is not None:
+            faults.fire("after_swap", path=self.final_path)
+        return None
+
+    def _swap(self) -> str:
+        """Put the new folder at the final path and the old one at an ``-old-`` sibling; returns that sibling."""
+        final = self.final_path
+        if _exchange(self.tmp_path, final):
+            self._finalizer.detach()             # the -tmp- name now holds the old array
+            if faults.hook is not None:
+                faults.fire("after_swap", path=final)
+            aside = _sibling(final, "old")
+            os.rename(self.tmp_path, aside)
+            return aside
+        ready = _sibling(final, "new")           # no RENAME_EXCHANGE here: two renames
+        os.rename(self.tmp_path, ready)
+        self._finalizer.detach()
+        self._finalizer = weakref.finalize(self, _remove_tree, ready)
+        if faults.hook is not None:
+            faults.fire("after_new_ready", path=final)
+        aside = _sibling(final, "old")
+        os.rename(final, aside)
+        try:
+            if faults.hook is not None:
+                faults.fire("after_old_aside", path=final)
+            os.rename(ready, final)
+        except BaseException:
+            os.rename(aside, final)              # put the old array back; recover() would, too
+            raise
+        self._finalizer.detach()
+        if faults.hook is not None:
+            faults.fire("after_swap", path=final)
+        return aside
 
 
 def check_shards(shape, chunks, shards) -> None:
@@ -198,41 +447,98 @@ def check_shards(shape, chunks, shards) -> None:
                          "along every axis")
 
 
-def recover(path: str) -> None:
-    """Finish or undo a replacement of ``path`` that a crash interrupted.
+SWAP_WAIT_SECONDS = 10.0   # how long open_existing waits for another process's two-rename swap
 
-    A ``-new-`` sibling is only ever a complete array, so it wins; otherwise the
-    ``-old-`` sibling is put back. Leftover ``-tmp-`` siblings are incomplete and removed.
+
+def _owner_alive(sibling: str) -> bool:
+    """Whether the process named in a ``.NAME.jask-KIND-PID-TOKEN`` sibling is another live process."""
+    pid = sibling.rsplit("-", 2)[-2]
+    return pid.isdigit() and int(pid) != os.getpid() and pid_alive(int(pid))
+
+
+def _siblings(path: str, kind: str = "") -> list[str]:
+    head, name = os.path.split(path)
+    return sorted(glob.glob(os.path.join(head, f".{glob.escape(name)}.jask-{kind}*")))
+
+
+def recover(path: str) -> None:
+    """Finish or undo a replacement of ``path`` that a crash interrupted, and sweep leftovers.
+
+    Only a dead process's swap (or this process's own) is finished: a live
+    process may be between its two renames. If ``path`` is missing, a ``-new-``
+    sibling (only ever a complete array) wins, otherwise an ``-old-`` one is put
+    back. Then :func:`_sweep` removes what is left over.
     """
     path = os.path.abspath(path)
-    head, name = os.path.split(path)
-    pattern = os.path.join(head, f".{glob.escape(name)}.jask-")
     if not os.path.exists(path):
         for kind in ("new", "old"):
-            found = sorted(glob.glob(pattern + kind + "-*"))
+            found = [f for f in _siblings(path, kind + "-") if not _owner_alive(f)]
             if found:
-                os.rename(found[-1], path)
+                try:
+                    os.rename(found[-1], path)
+                except OSError:
+                    pass    # another process recovered it first
                 break
-    for leftover in glob.glob(pattern + "*"):
+    _sweep(path)
+
+
+def _sweep(path: str) -> None:
+    """Remove ``-tmp-``/``-new-`` siblings of dead processes and ``-old-`` ones nobody reads.
+
+    An ``-old-`` sibling is a replaced array: it goes once no process holds a
+    pin on it (whatever process replaced it), and only while ``path`` exists.
+    """
+    exists = os.path.exists(path)
+    for leftover in _siblings(path):
+        if _is_retired(leftover):
+            if exists:
+                _drop_retired(leftover)
+            continue
         pid = leftover.rsplit("-", 2)[-2]
         if pid.isdigit() and int(pid) != os.getpid() and not pid_alive(int(pid)):
             _remove_tree(leftover)
 
 
+def _swap_in_progress(path: str) -> bool:
+    return any(_owner_alive(f) for kind in ("new-", "old-") for f in _siblings(path, kind))
+
+
+def _settle(path: str) -> None:
+    """Recover ``path``; while it is missing because a live process is mid-swap, wait for that swap."""
+    deadline = time.monotonic() + SWAP_WAIT_SECONDS
+    recover(path)
+    while not os.path.exists(path) and _swap_in_progress(path) and time.monotonic() < deadline:
+        time.sleep(0.005)
+        recover(path)
+
+
 def open_existing(path: str, mode: str) -> Store:
-    """Open a Zarr array at ``path`` without copying it, with clear errors for bad paths."""
+    """Open a Zarr array at ``path`` without copying it, with clear errors for bad paths.
+
+    The folder is pinned (:class:`_Pin`): this store reads the version it
+    opened, even if another process replaces the path meanwhile.
+    """
     if mode not in ("r", "r+"):
         raise ValueError(f"from_zarr mode must be 'r' or 'r+', got {mode!r}")
     path = os.path.abspath(os.fspath(path))
-    recover(path)
-    if not os.path.exists(path):
-        raise FileNotFoundError(f"from_zarr: no Zarr array at {path}")
-    if not os.path.isdir(path):
-        raise ValueError(f"from_zarr: {path} is a file, not a Zarr array folder")
-    if not (os.path.exists(os.path.join(path, "zarr.json")) or os.path.exists(os.path.join(path, ".zarray"))):
+    for attempt in range(3):
+        _settle(path)
+        if not os.path.exists(path):
+            raise FileNotFoundError(f"from_zarr: no Zarr array at {path}")
+        if not os.path.isdir(path):
+            raise ValueError(f"from_zarr: {path} is a file, not a Zarr array folder")
+        try:
+            pin = _pin_current(path)
+            break
+        except FileNotFoundError:
+            if attempt == 2:
+                raise FileNotFoundError(f"from_zarr: no Zarr array at {path}") from None
+    if not (os.path.exists(os.path.join(pin.root, "zarr.json")) or os.path.exists(os.path.join(pin.root, ".zarray"))):
+        pin.release()
         raise ValueError(f"from_zarr: {path} is not a Zarr array (no zarr.json or .zarray inside)")
     try:
-        array = zarr.open_array(path, mode=mode)
+        array = zarr.open_array(pin.root, mode=mode)
     except Exception as e:  # zarr raises several types for malformed metadata
+        pin.release()
         raise ValueError(f"from_zarr: cannot open {path} as a Zarr array: {e}") from e
-    return Store(path, array, owned=False, writable=(mode == "r+"))
+    return Store(path, array, owned=False, writable=(mode == "r+"), pin=pin)

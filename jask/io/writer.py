@@ -38,6 +38,10 @@ class TileWriteError(RuntimeError):
         self.path, self.region = path, region
 
 
+class TileWriteOSError(TileWriteError, OSError):
+    """Writing one tile failed with an ``OSError`` (disk full, I/O error); ``errno`` is the cause's."""
+
+
 def _target_path(target):
     for obj in (target, getattr(target, "pending", None)):
         for name in ("final_path", "path"):
@@ -161,8 +165,11 @@ class WriteBehind:
             where += f"(region {describe_region(region)})"
             if self.path:
                 where += f" of {self.path}"
-            raise TileWriteError(f"writing {where} failed: {type(e).__name__}: {e}",
-                                 path=self.path, region=region) from e
+            cls = TileWriteOSError if isinstance(e, OSError) else TileWriteError
+            err = cls(f"writing {where} failed: {type(e).__name__}: {e}", path=self.path, region=region)
+            if isinstance(e, OSError):
+                err.errno = e.errno   # (not strerror/filename: OSError.__str__ would drop the message)
+            raise err from e
 
     def _report(self, waited: float):
         with self._cv:

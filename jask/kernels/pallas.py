@@ -309,7 +309,8 @@ class PallasBackend:
         from jask.config import config
         platform = self.platform()
         if platform == "gpu" and config.tile is not None and not _pow2(config.tile):
-            raise ValueError(f"{type(op).__name__}: tile {config.tile} set with jask.config.update('tile', ...) "
+            label = getattr(op, "label", type(op).__name__.lower())
+            raise ValueError(f"{label}: tile {config.tile} set with jask.config.update('tile', ...) "
                              "is illegal for Pallas on GPU (Triton needs power-of-two blocks); "
                              "choose a power of two")
         return PallasKernel(op, platform, self.interpret)

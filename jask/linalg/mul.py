@@ -178,6 +178,9 @@ def _scalar_mul(a, s):
     if s.shape != ():
         raise ValueError(f"mul: a DiskArray can be multiplied by a scalar or an array of shape "
                          f"{type_of(a).shape}, not by an array of shape {s.shape}")
+    if not compat.is_traced(s) and not bool(jnp.all(jnp.isfinite(s))):
+        # a concrete value can be checked now, as Python numbers are; a traced one cannot
+        raise ValueError(f"mul: scalar factor {s.item()!r} ({s.dtype}) is not finite")
     if not jnp.issubdtype(s.dtype, jnp.floating):
         a_dtype = type_of(a).dtype
         s = s.astype(a_dtype if jnp.issubdtype(a_dtype, jnp.floating) else jnp.float32)
