@@ -4,9 +4,11 @@ Stock optax transforms call ``jnp`` functions (``jnp.zeros_like``, ``jnp.sqrt``)
 on every leaf, which cannot dispatch to a disk-backed type without reading it
 into memory. These transforms keep optax's interface and state layout (so they
 chain with optax's pure-scalar wrappers and plug into ``optax``-style loops)
-but compute with jask ops, tile by tile. Moments are ``persist``-ed each step:
-one pass writes both, and the next step reads them instead of recomputing a
-growing chain.
+but compute with jask ops, tile by tile. Moments are ``persist``-ed each step,
+deferred to the pass that next runs (the parameter update, which reads them):
+that one pass reads the parameters, the gradient's inputs and the old moments
+once and writes new parameters and moments, and the next step reads the
+stored moments instead of recomputing a growing chain.
 """
 from __future__ import annotations
 
@@ -90,7 +92,8 @@ def adam(learning_rate, b1: float = 0.9, b2: float = 0.999, eps: float = 1e-8) -
         count = optax.safe_increment(state.count) if hasattr(optax, "safe_increment") else state.count + 1
         mu = _map(lambda g, m: add(mul(m, b1), mul(g, 1.0 - b1)), updates, state.mu)
         nu = _map(lambda g, v: add(mul(v, b2), mul(square(g), 1.0 - b2)), updates, state.nu)
-        stored = persist(*_leaves(mu), *_leaves(nu))
+        # stored in the pass that next runs (the parameter update reads them): W, g's inputs, m and v once
+        stored = persist(*_leaves(mu), *_leaves(nu), defer=True)
         stored = stored if isinstance(stored, tuple) else (stored,)
         treedef = jax.tree.structure(mu, is_leaf=is_disk_array)
         n = treedef.num_leaves

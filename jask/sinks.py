@@ -148,21 +148,28 @@ def update_(target: DiskArray, new_value) -> None:
 
 @dataclasses.dataclass(frozen=True)
 class _Persist:
+    defer: bool = False
+
     def __call__(self, *nodes):
+        if self.defer:
+            executor.store_with_next_run(nodes)
+            return nodes
         return tuple(executor.run(nodes))
 
 
 class PersistPrimitive(compat.VJPHiPrimitive):
-    """``persist`` under jit: compute arrays into scratch now; the identity for gradients."""
+    """``persist`` under jit: compute arrays into scratch now (or with the next run); the identity for gradients."""
 
-    def __init__(self, types):
+    def __init__(self, types, defer=False):
         self.in_avals = tuple(types)
         self.out_aval = tuple(types)
-        self.params = dict(signature=tuple(types))
+        self.defer = defer
+        self.params = dict(signature=tuple(types), defer=defer)
         super().__init__()
 
     def expand(self, *xs):
-        return runtime.host_call(_Persist(), self.out_aval, [runtime.ref_of(x) for x in xs], [True] * len(xs))
+        return runtime.host_call(_Persist(self.defer), self.out_aval, [runtime.ref_of(x) for x in xs],
+                                 [True] * len(xs))
 
     def vjp_fwd(self, nzs, *xs):
         return self(*xs), None
@@ -171,16 +178,25 @@ class PersistPrimitive(compat.VJPHiPrimitive):
         return tuple(gs)
 
 
-def persist(*arrays):
-    """Compute lazy arrays into scratch storage now, in one pass, and return the stored arrays.
+def persist(*arrays, defer: bool = False):
+    """Compute lazy arrays into scratch storage in one pass, and return the stored arrays.
 
     Use it for values that later steps read many times, such as optimizer
     moments, so each step does not recompute a growing chain. Shared inputs of
     the arrays are computed once. Works under ``jit``; its gradient is the identity.
+
+    Parameters
+    ----------
+    defer : bool
+        Store them with the next computation that runs, whatever it is (an
+        ``update_``, a scalar, ``np.asarray``), in its pass, instead of now:
+        when that computation reads these arrays too (parameters updated from
+        the moments), the inputs are read once for both. The arrays returned
+        are still lazy, and stand for their stored copies once that pass has run.
     """
     for x in arrays:
         _require("persist", x)
     if not any(compat.is_traced(x) for x in arrays):
         runtime.safe_point()
-    out = PersistPrimitive([type_of(x) for x in arrays])(*arrays)
+    out = PersistPrimitive([type_of(x) for x in arrays], defer=bool(defer))(*arrays)
     return out[0] if len(arrays) == 1 else out

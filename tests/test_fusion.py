@@ -154,6 +154,60 @@ def test_dot_feeding_two_consumers_is_computed_once(small_tiles):
     assert p.arrays_written == 2
 
 
+def test_stage_reading_an_earlier_stage_in_step_takes_its_tile_from_memory(small_tiles):
+    """``b`` and ``b * 2 + a`` both stored: one lockstep pass reads a and c once; b is not read back."""
+    (A, C), (a, c) = _data((9, 6), (9, 6))
+    b = a + c
+    d = b * 2.0 + a
+    assert "in lockstep" in jask.explain(b, d)
+    with jask.profile() as p:
+        jask.persist(b, d)
+    assert (p.bytes_read, p.bytes_written, p.arrays_written) == (A.nbytes + C.nbytes, 2 * A.nbytes, 2)
+    np.testing.assert_allclose(np.asarray(b), A + C, rtol=1e-6)
+    np.testing.assert_allclose(np.asarray(d), (A + C) * 2 + A, rtol=1e-6)
+
+
+def test_lockstep_never_costs_a_refused_plan(small_tiles):
+    """With a forced tile and a budget that fits each stage but not both together, the stages run apart."""
+    from jask.base import executor
+    (A, C), (a, c) = _data((9, 6), (9, 6))
+    b = a + c
+    d = b * 2.0 + a
+    together = executor.plan([b._node, d._node])
+    assert [len(g) for g in together.groups] == [2]
+    jask.set_memory_budget(together.projected_bytes - 1)
+    apart = executor.plan([b._node, d._node])
+    assert [len(g) for g in apart.groups] == [1, 1] and apart.projected_bytes < together.projected_bytes
+    jask.persist(b, d)
+    np.testing.assert_allclose(np.asarray(d), (A + C) * 2 + A, rtol=1e-6)
+
+
+def test_stage_reading_an_earlier_stage_at_another_tile_waits_for_it(small_tiles):
+    """``b.T + a`` reads tile (j, i) of b for its tile (i, j): b must be stored first, then read."""
+    (A, C), (a, c) = _data((8, 8), (8, 8))
+    b = a + c
+    d = b.T + a
+    assert "in lockstep" not in jask.explain(b, d)
+    with jask.profile() as p:
+        jask.persist(b, d)
+    assert (p.bytes_read, p.bytes_written) == (4 * A.nbytes, 2 * A.nbytes)   # a, c; then b, a
+    np.testing.assert_allclose(np.asarray(d), (A + C).T + A, rtol=1e-6)
+
+
+def test_deferred_persist_is_stored_by_the_next_pass(small_tiles):
+    """``persist(defer=True)`` stores with whatever runs next, reading shared inputs once."""
+    (A, C), (a, c) = _data((9, 6), (9, 6))
+    m = a * 0.5 + c
+    same = jask.persist(m, defer=True)
+    assert same._node is m._node and m._node.result is None   # nothing ran yet
+    out = jask.persist(m * 3.0 - a)
+    assert m._node.result is not None                      # stored in that pass
+    with jask.profile() as p:
+        np.testing.assert_allclose(np.asarray(m), A * 0.5 + C, rtol=1e-6)
+    assert p.bytes_read == A.nbytes                        # read back, not recomputed from a and c
+    np.testing.assert_allclose(np.asarray(out), (A * 0.5 + C) * 3 - A, rtol=1e-5)
+
+
 def test_explain_names_fused_ops(small_tiles):
     _, (a, b) = _data((9, 6), (9, 6))
     text = jask.explain(cube(a - b) + a)

@@ -84,6 +84,41 @@ def test_adam_moments_are_stored_not_recomputed(regression):
     assert reads[1] == reads[2] == reads[3]
 
 
+def test_adam_step_reads_parameters_gradient_inputs_and_moments_once(tmp_path):
+    """One jitted step and ``update_``: a pass reads W, T, m, v once and writes W, m, v.
+
+    The loss pass of ``jax.grad`` reads W and T once more (its value is computed, then unused).
+    """
+    jask.config.update("tile", 16)
+    rng = np.random.default_rng(0)
+    W0, T = (rng.standard_normal((64, 48)).astype(np.float32) for _ in range(2))
+    jask.from_numpy(W0).to_zarr(tmp_path / "w.zarr")
+    w, t = jask.from_zarr(tmp_path / "w.zarr", mode="r+"), jask.from_numpy(T)
+    opt = jask.optim.adam(0.1)
+    state = opt.init(w)
+
+    @jax.jit
+    def step(w, state, t):
+        g = jax.grad(lambda w: jask.sum(jask.square(w - t)))(w)
+        updates, state = opt.update(g, state, w)
+        return jask.optim.apply_updates(w, updates), state
+
+    ref, ref_opt = W0, optax.adam(0.1)
+    ref_state = ref_opt.init(W0)
+    S = W0.nbytes
+    for i in range(3):
+        with jask.profile() as p:
+            new_w, state = step(w, state, t)
+            w.update_(new_w)
+        u, ref_state = ref_opt.update(2 * (ref - T), ref_state, ref)
+        ref = optax.apply_updates(ref, u)
+        moments_read = 0 if i == 0 else 2 * S            # step 0's moments are zeros: nothing stored
+        assert (p.bytes_read, p.bytes_written) == (2 * S + 2 * S + moments_read, 3 * S)
+        assert p.arrays_written == 3
+    np.testing.assert_allclose(np.asarray(w), ref, rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(np.asarray(state.mu), ref_state[0].mu, rtol=1e-5, atol=1e-6)
+
+
 def test_sgd_and_schedule(regression):
     jask.config.update("tile", 8)
     X, Y = regression

@@ -30,7 +30,9 @@ import contextlib
 import dataclasses
 import itertools
 import math
+import threading
 import time
+import weakref
 from collections import defaultdict
 
 import numpy as np
@@ -47,6 +49,7 @@ MIN_TILE_EDGE = 8
 SLOTS_PER_LEAF = 4         # raw chunk bytes, the assembled region, the device copy, one read ahead
 SLOTS_PER_OP = 2           # one partial and one accumulator per op on the pull path
 SLOTS_FIXED = 2            # the finished output tile and its write buffer
+LOCKSTEP_MIN_TILE_BYTES = 1 << 20  # the planner halves the tile for a lockstep join down to this size
 PREFETCH_DEPTH = 2         # input tiles read ahead of the kernel (counted in SLOTS_PER_LEAF)
 WRITE_DEPTH = 2            # output tiles queued behind the computation (counted in SLOTS_FIXED)
 
@@ -228,11 +231,21 @@ def tile_bytes(node: Node, tile: int) -> int:
     return _elements(node.shape, tile) * max(node.dtype.itemsize, 4)
 
 
-def _stage_bytes(node, fused_ids, tile: int, live) -> int:
-    leaves, ops = _leaves_and_ops(node, fused_ids, live)
-    return (SLOTS_PER_LEAF * sum(tile_bytes(n, tile) for n in leaves)
-            + SLOTS_PER_OP * sum(tile_bytes(n, tile) for n in ops)
-            + SLOTS_FIXED * tile_bytes(node, tile))
+def _group_bytes(group, fused_ids, tile: int, live) -> int:
+    """Projected bytes of one lockstep group: its members' terms, each distinct leaf charged once.
+
+    Members read a shared leaf's tile once per index (the executor's memo), and
+    a member read by a later one is already held as that member's output tile.
+    """
+    members = {id(n) for n in group}
+    leaves, op_bytes = {}, 0
+    for node in group:
+        node_leaves, ops = _leaves_and_ops(node, fused_ids, live)
+        leaves.update((id(n), n) for n in node_leaves if id(n) not in members)
+        op_bytes += sum(tile_bytes(n, tile) for n in ops)
+    return (SLOTS_PER_LEAF * sum(tile_bytes(n, tile) for n in leaves.values())
+            + SLOTS_PER_OP * op_bytes
+            + SLOTS_FIXED * sum(tile_bytes(n, tile) for n in group))
 
 
 def projected_bytes(groups, fused_ids, tile: int, live) -> int:
@@ -243,33 +256,66 @@ def projected_bytes(groups, fused_ids, tile: int, live) -> int:
     output tile (raw chunk bytes, the assembled region, the device copy, one
     read ahead), ``SLOTS_PER_OP`` for each op on the pull path (partial and
     accumulator), and ``SLOTS_FIXED`` output tiles (the finished tile and its
-    write). Stages of one group run in lockstep, so their needs add up; groups
-    run one after another, so the plan's peak is the largest group.
+    write). Stages of one group run in lockstep, so their needs add up, except
+    that a leaf they share is held once; groups run one after another, so the
+    plan's peak is the largest group.
     """
-    return max((sum(_stage_bytes(n, fused_ids, tile, live) for n in group) for group in groups), default=0)
+    return max((_group_bytes(group, fused_ids, tile, live) for group in groups), default=0)
 
 
-def _lockstep_groups(stages, prepared, fused_ids, tile, live) -> list[list[OpNode]]:
+def _lockstep_groups(stages, prepared, fused_ids, tile, live, budget) -> tuple[list[list[OpNode]], bool]:
     """Split stages into groups computed tile by tile together, sharing reads.
 
-    Consecutive stages join one group when they have the same shape, each
-    output tile is a single entry (elementwise-like), and none reads another
-    member's output. Gradients ``da`` and ``db`` of ``a - b`` then read their
-    shared inputs once per tile instead of once per gradient.
+    Consecutive stages join one group when they have the same shape and each
+    output tile is a single entry (elementwise-like). A stage may read an
+    earlier member's output if it reads it only at its own tile index: that
+    tile was just computed for the same index and is taken from memory, not
+    stored and read back. Gradients ``da`` and ``db`` of ``a - b`` then read
+    their shared inputs once per tile instead of once per gradient, and an
+    optimizer's moments and the parameters computed from them take one pass.
+    A stage joins only while the group's projected memory stays within
+    ``budget``: sharing reads is never worth a refused plan (the planner may
+    take a smaller tile for it: :func:`plan`).
+    Returns the groups and whether a join was refused only for the budget.
     """
     groups: list[list[OpNode]] = []
-    joinable = False
+    joinable = refused = False
     for node in stages:
         simple = (node.shape != () and not isinstance(prepared[id(node)].op, CustomOp)
                   and _one_entry_per_tile(node, prepared[id(node)], tile))
-        if simple and joinable and groups[-1][0].shape == node.shape:
-            leaves = {id(n) for n in _leaves_and_ops(node, fused_ids, live)[0]}
-            if not any(id(m) in leaves for m in groups[-1]):
+        if (simple and joinable and groups[-1][0].shape == node.shape
+                and _reads_members_in_step(node, groups[-1], prepared, fused_ids, tile, live)):
+            if _group_bytes(groups[-1] + [node], fused_ids, tile, live) <= budget:
                 groups[-1].append(node)
                 continue
+            refused = True
         groups.append([node])
         joinable = simple
-    return groups
+    return groups, refused
+
+
+def _reads_members_in_step(node, members, prepared, fused_ids, tile, live) -> bool:
+    """Whether ``node`` reads the members' outputs, if at all, only at its own output tile index."""
+    member_ids = {id(m) for m in members}
+    if not any(id(n) in member_ids for n in _leaves_and_ops(node, fused_ids, live)[0]):
+        return True
+    view = _PlanView(tile, prepared, fused_ids)
+    prep = prepared[id(node)]
+    for idx in itertools.product(*map(range, grid(node.shape, tile))):
+        for entry in entries_of(prep, node, idx):
+            for leaf in entry_program(view, node, entry).leaves:
+                if id(leaf.node) in member_ids and leaf.kind == "tile" and leaf.block != idx:
+                    return False
+    return True
+
+
+@dataclasses.dataclass(frozen=True)
+class _PlanView:
+    """What :func:`entry_program` needs of a plan, before the plan exists."""
+
+    tile: int
+    prepared: dict
+    fused_ids: set
 
 
 def _tiles_read(consumer: OpNode, prep: Prepared, position: int, tile: int) -> list:
@@ -330,35 +376,25 @@ _prepared_cache: dict = {}
 
 
 def plan(roots) -> Plan:
-    """Plan the computation of ``roots``; raises ``ValueError`` if it cannot fit the budget."""
+    """Plan the computation of ``roots``; raises ``ValueError`` if it cannot fit the budget.
+
+    The tile edge is the largest that fits the budget, except that when a
+    lockstep join (shared reads, no store-and-read-back) was refused for want
+    of memory, half the edge is taken if that plan reads fewer bytes, down to
+    tiles of ``LOCKSTEP_MIN_TILE_BYTES``.
+    """
     from jask.config import config
     order, _ = _collect(roots)
-    root_ids = {id(r.resolved()) for r in roots}
-    backend = kernels.get_backend()
     every = list(order) + [i.resolved() for n in order for i in n.inputs] + [r.resolved() for r in roots]
-    copied = [r.resolved() for r in roots if not isinstance(r.resolved(), OpNode) and r.shape != ()]
     tile = config.tile or first_tile([n.shape for n in every])
     while not config.tile and tile > MIN_TILE_EDGE and any(
             _elements(n.shape, tile) > MAX_TILE_ELEMENTS for n in every):
         tile //= 2
     while True:
-        prepared = {id(n): _prepare(n, tile, backend, _prepared_cache) for n in order}
-        live = lambda n: live_positions(n, prepared[id(n)].op)
-        live_order, edges = _collect(roots, live)
-        fused_ids = set()
-        for n in live_order:  # producers come before consumers
-            if (config.fusion and id(n) not in root_ids
-                    and _should_fuse(n, edges[id(n)], prepared, fused_ids, tile, live)):
-                fused_ids.add(id(n))
-        fused = [n for n in live_order if id(n) in fused_ids]
-        stages = [n for n in live_order if id(n) not in fused_ids]
-        groups = _lockstep_groups(stages, prepared, fused_ids, tile, live)
-        need = max(projected_bytes(groups, fused_ids, tile, live),
-                   max(((SLOTS_PER_LEAF + SLOTS_FIXED) * tile_bytes(r, tile) for r in copied), default=0))
-        if need <= config.memory_budget:
-            return Plan(tile, list(roots), stages, fused, prepared, need, config.memory_budget, live, groups)
+        p, need, names, refused = _plan_at(roots, order, tile)
+        if p is not None:
+            break
         if config.tile is not None or tile <= MIN_TILE_EDGE:
-            names = ", ".join(prepared[id(n)].name for n in stages)
             if config.tile is not None:
                 raise ValueError(
                     f"memory budget of {config.memory_budget} bytes is too small for {names} with the forced "
@@ -368,6 +404,39 @@ def plan(roots) -> Plan:
                 f"memory budget of {config.memory_budget} bytes is too small for {names}: the smallest plan "
                 f"(tile edge {tile}) needs {need} bytes; raise it with jask.set_memory_budget({need})")
         tile //= 2
+    while refused and not config.tile and tile // 2 >= MIN_TILE_EDGE and max(
+            (tile_bytes(n, tile // 2) for n in p.stages), default=0) >= LOCKSTEP_MIN_TILE_BYTES:
+        smaller, _, _, refused = _plan_at(roots, order, tile // 2)
+        if smaller is None or _planned_io(smaller)[0] >= _planned_io(p)[0]:
+            break
+        p, tile = smaller, tile // 2
+    return p
+
+
+def _plan_at(roots, order, tile):
+    """The plan at one tile edge: ``(plan or None if over budget, projected bytes, stage names,
+    whether a lockstep join was refused for the budget)``."""
+    from jask.config import config
+    root_ids = {id(r.resolved()) for r in roots}
+    copied = [r.resolved() for r in roots if not isinstance(r.resolved(), OpNode) and r.shape != ()]
+    backend = kernels.get_backend()
+    prepared = {id(n): _prepare(n, tile, backend, _prepared_cache) for n in order}
+    live = lambda n: live_positions(n, prepared[id(n)].op)
+    live_order, edges = _collect(roots, live)
+    fused_ids = set()
+    for n in live_order:  # producers come before consumers
+        if (config.fusion and id(n) not in root_ids
+                and _should_fuse(n, edges[id(n)], prepared, fused_ids, tile, live)):
+            fused_ids.add(id(n))
+    fused = [n for n in live_order if id(n) in fused_ids]
+    stages = [n for n in live_order if id(n) not in fused_ids]
+    groups, refused = _lockstep_groups(stages, prepared, fused_ids, tile, live, config.memory_budget)
+    need = max(projected_bytes(groups, fused_ids, tile, live),
+               max(((SLOTS_PER_LEAF + SLOTS_FIXED) * tile_bytes(r, tile) for r in copied), default=0))
+    names = ", ".join(prepared[id(n)].name for n in stages)
+    if need > config.memory_budget:
+        return None, need, names, refused
+    return Plan(tile, list(roots), stages, fused, prepared, need, config.memory_budget, live, groups), need, names, refused
 
 
 # ---------------------------------------------------------------- execution
@@ -689,15 +758,54 @@ def _planned_io(p: Plan) -> tuple[int, int]:
     return read, written
 
 
+_deferred: list = []          # weak references to nodes the next run stores too (store_with_next_run)
+_deferred_lock = threading.Lock()
+
+
+def store_with_next_run(nodes) -> None:
+    """Have the next :func:`run`, whatever it computes, also store ``nodes`` to scratch, in its plan.
+
+    For values needed later that the next computation reads anyway (an
+    optimizer's moments, read again by the parameter update): stored in the
+    same pass instead of one of their own. A node dropped meanwhile is skipped.
+    """
+    with _deferred_lock:
+        _deferred.extend(weakref.ref(n) for n in nodes)
+
+
+def _take_deferred(roots) -> list[OpNode]:
+    taken = set(id(r.resolved()) for r in roots)
+    out = []
+    with _deferred_lock:
+        refs = _deferred[:]
+        _deferred.clear()
+    for ref in refs:
+        n = ref()
+        if isinstance(n, OpNode) and n.result is None and n.shape != () and id(n) not in taken:
+            taken.add(id(n))
+            out.append(n)
+    return out
+
+
 def run(roots, make_sinks=None):
     """Compute ``roots``; returns one result per root.
 
     Scalar roots (shape ``()``) return a NumPy scalar. Other roots are written by
     the sink ``make_sinks(root, tile)`` returns (default: scratch, after which the
-    root node stands for its stored result).
+    root node stands for its stored result). Nodes passed to
+    :func:`store_with_next_run` are stored in the same plan.
     """
     roots = list(roots)
-    p = plan(roots)
+    extra = _take_deferred(roots)
+    try:
+        return _run(roots, extra, make_sinks)
+    except BaseException:
+        store_with_next_run([n for n in extra if n.result is None])   # still wanted
+        raise
+
+
+def _run(roots, extra, make_sinks):
+    p = plan(roots + extra)
     for listener in _listeners:
         listener.saw_plan(p)
     ex = Executor(p)
