@@ -142,6 +142,7 @@ def test_elementwise_chain_of_8_reads_two_arrays_and_writes_one(small_tiles):
     with jask.profile() as q:
         jask.persist(_chain8(a, b, jask.square))
     assert q.arrays_written > 1 and q.bytes_written > p.bytes_written
+    assert q.bytes_read > p.bytes_read   # unfused, each op is its own pass and reads its input back
 
 
 def test_dot_feeding_two_consumers_is_computed_once(small_tiles):

@@ -263,14 +263,16 @@ def projected_bytes(groups, fused_ids, tile: int, live) -> int:
     return max((_group_bytes(group, fused_ids, tile, live) for group in groups), default=0)
 
 
-def _lockstep_groups(stages, prepared, fused_ids, tile, live, budget) -> tuple[list[list[OpNode]], bool]:
+def _lockstep_groups(stages, prepared, fused_ids, tile, live, budget,
+                     in_step: bool = True) -> tuple[list[list[OpNode]], bool]:
     """Split stages into groups computed tile by tile together, sharing reads.
 
     Consecutive stages join one group when they have the same shape and each
     output tile is a single entry (elementwise-like). A stage may read an
     earlier member's output if it reads it only at its own tile index: that
     tile was just computed for the same index and is taken from memory, not
-    stored and read back. Gradients ``da`` and ``db`` of ``a - b`` then read
+    stored and read back (with ``in_step``: off when fusion is off, so each
+    op of a chain is then its own pass). Gradients ``da`` and ``db`` of ``a - b`` then read
     their shared inputs once per tile instead of once per gradient, and an
     optimizer's moments and the parameters computed from them take one pass.
     A stage joins only while the group's projected memory stays within
@@ -284,7 +286,7 @@ def _lockstep_groups(stages, prepared, fused_ids, tile, live, budget) -> tuple[l
         simple = (node.shape != () and not isinstance(prepared[id(node)].op, CustomOp)
                   and _one_entry_per_tile(node, prepared[id(node)], tile))
         if (simple and joinable and groups[-1][0].shape == node.shape
-                and _reads_members_in_step(node, groups[-1], prepared, fused_ids, tile, live)):
+                and _reads_members_in_step(node, groups[-1], prepared, fused_ids, tile, live, in_step)):
             if _group_bytes(groups[-1] + [node], fused_ids, tile, live) <= budget:
                 groups[-1].append(node)
                 continue
@@ -294,11 +296,14 @@ def _lockstep_groups(stages, prepared, fused_ids, tile, live, budget) -> tuple[l
     return groups, refused
 
 
-def _reads_members_in_step(node, members, prepared, fused_ids, tile, live) -> bool:
-    """Whether ``node`` reads the members' outputs, if at all, only at its own output tile index."""
+def _reads_members_in_step(node, members, prepared, fused_ids, tile, live, allowed=True) -> bool:
+    """Whether ``node`` reads the members' outputs, if at all, only at its own output tile index
+    (and not at all unless ``allowed``)."""
     member_ids = {id(m) for m in members}
     if not any(id(n) in member_ids for n in _leaves_and_ops(node, fused_ids, live)[0]):
         return True
+    if not allowed:
+        return False
     view = _PlanView(tile, prepared, fused_ids)
     prep = prepared[id(node)]
     for idx in itertools.product(*map(range, grid(node.shape, tile))):
@@ -430,7 +435,8 @@ def _plan_at(roots, order, tile):
             fused_ids.add(id(n))
     fused = [n for n in live_order if id(n) in fused_ids]
     stages = [n for n in live_order if id(n) not in fused_ids]
-    groups, refused = _lockstep_groups(stages, prepared, fused_ids, tile, live, config.memory_budget)
+    groups, refused = _lockstep_groups(stages, prepared, fused_ids, tile, live, config.memory_budget,
+                                       in_step=config.fusion)
     need = max(projected_bytes(groups, fused_ids, tile, live),
                max(((SLOTS_PER_LEAF + SLOTS_FIXED) * tile_bytes(r, tile) for r in copied), default=0))
     names = ", ".join(prepared[id(n)].name for n in stages)
