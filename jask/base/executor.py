@@ -271,14 +271,14 @@ def _lockstep_groups(stages, prepared, fused_ids, tile, live, budget,
     output tile is a single entry (elementwise-like). A stage may read an
     earlier member's output if it reads it only at its own tile index: that
     tile was just computed for the same index and is taken from memory, not
-    stored and read back (with ``in_step``: off when fusion is off, so each
-    op of a chain is then its own pass). Gradients ``da`` and ``db`` of ``a - b`` then read
-    their shared inputs once per tile instead of once per gradient, and an
-    optimizer's moments and the parameters computed from them take one pass.
-    A stage joins only while the group's projected memory stays within
-    ``budget``: sharing reads is never worth a refused plan (the planner may
-    take a smaller tile for it: :func:`plan`).
-    Returns the groups and whether a join was refused only for the budget.
+    stored and read back (only with ``in_step``, which is off when fusion is
+    off: each op of a chain is then its own pass). Gradients ``da`` and ``db``
+    of ``a - b`` then read their shared inputs once per tile instead of once
+    per gradient, and an optimizer's moments and the parameters computed from
+    them take one pass. A stage joins only while the group's projected memory
+    stays within ``budget``: sharing reads is never worth a refused plan (the
+    planner may take a smaller tile for it: :func:`plan`). Returns the groups
+    and whether a join was refused only for the budget.
     """
     groups: list[list[OpNode]] = []
     joinable = refused = False
@@ -409,12 +409,15 @@ def plan(roots) -> Plan:
                 f"memory budget of {config.memory_budget} bytes is too small for {names}: the smallest plan "
                 f"(tile edge {tile}) needs {need} bytes; raise it with jask.set_memory_budget({need})")
         tile //= 2
+    reads = None
     while refused and not config.tile and tile // 2 >= MIN_TILE_EDGE and max(
             (tile_bytes(n, tile // 2) for n in p.stages), default=0) >= LOCKSTEP_MIN_TILE_BYTES:
         smaller, _, _, refused = _plan_at(roots, order, tile // 2)
-        if smaller is None or _planned_io(smaller)[0] >= _planned_io(p)[0]:
+        reads = _planned_io(p)[0] if reads is None else reads
+        smaller_reads = _planned_io(smaller)[0] if smaller is not None else reads
+        if smaller_reads >= reads:
             break
-        p, tile = smaller, tile // 2
+        p, tile, reads = smaller, tile // 2, smaller_reads
     return p
 
 
@@ -442,7 +445,8 @@ def _plan_at(roots, order, tile):
     names = ", ".join(prepared[id(n)].name for n in stages)
     if need > config.memory_budget:
         return None, need, names, refused
-    return Plan(tile, list(roots), stages, fused, prepared, need, config.memory_budget, live, groups), need, names, refused
+    p = Plan(tile, list(roots), stages, fused, prepared, need, config.memory_budget, live, groups)
+    return p, need, names, refused
 
 
 # ---------------------------------------------------------------- execution
