@@ -74,7 +74,7 @@ def main():
         value = 0.0
     else:
         raise SystemExit(f"unknown workload {workload}")
-    print(json.dumps(dict(workload=workload, growth=peak_rss() - base, base=base,
+    print(json.dumps(dict(workload=workload, growth=peak_rss() - base, base=base, after=rss_now() - base,
                           projected=stats.peak_projected_bytes, budget=jask.config.config.memory_budget,
                           array_bytes=a.nbytes, bytes_read=stats.bytes_read, backend=jask.kernels.backend_name(),
                           bytes_written=stats.bytes_written, value=value)))
