@@ -43,6 +43,7 @@ from typing import NamedTuple
 import numpy as np
 
 from jask.io import dtypes
+from jask.io.store import folder_deleted
 
 MAX_UINT64 = np.uint64(2**64 - 1)
 _INDEX_CACHE = 256  # shard indexes kept per reader (16 bytes per inner chunk each)
@@ -220,7 +221,7 @@ class TileReader:
         elif out.shape != shape or out.dtype != self.dtype:
             raise ValueError(f"read buffer of shape {out.shape} {out.dtype} does not fit region "
                              f"{describe_region(region)} of {self.path} ({self.dtype})")
-        if (self._pin.deleted() if self._pin is not None else not os.path.isdir(self.path)):
+        if folder_deleted(self._pin, self.path):
             raise MissingChunkError(f"the Zarr store at {self.path} was deleted while still in use",
                                     path=self.path, region=region)
         raw = dtypes.to_storage(out)

@@ -106,6 +106,12 @@ class _Pin:
         return os.fstat(self.fd).st_nlink == 0
 
 
+def folder_deleted(pin: "_Pin | None", path: str) -> bool:
+    """Whether the folder a store reads was deleted: through its pin if it has one (a pinned
+    folder may be renamed meanwhile), else by its path."""
+    return pin.deleted() if pin is not None else not os.path.isdir(path)
+
+
 def _inode(st) -> tuple[int, int]:
     return st.st_dev, st.st_ino
 
@@ -229,7 +235,7 @@ class Store:
 
     def deleted(self) -> bool:
         """Whether the folder this store reads was deleted (a pinned one may be renamed meanwhile)."""
-        return self._pin.deleted() if self._pin is not None else not os.path.isdir(self.path)
+        return folder_deleted(self._pin, self.path)
 
     @property
     def shape(self) -> tuple[int, ...]:
