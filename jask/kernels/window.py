@@ -1,0 +1,65 @@
+"""What every backend's window program computes: the contract between the executor and a kernel.
+
+A *window* is a set of output tiles of one op (or fused program) that the
+executor computes with ONE kernel call. The executor gathers the distinct
+input tiles the window needs into one stack per leaf position and describes
+which stacked tile each (output tile, entry) takes in an index table::
+
+    stacks[j]     (m_j, *leaf_block_j)      distinct tiles of leaf position j
+    table         int32 (n_tiles, K, L)     row of stacks[j] for output tile i, entry k
+    valid         bool  (n_tiles, K)        entry k exists for tile i (rows are padded to K)
+
+and the program returns ``(n_tiles, *out_block)`` in the accumulator dtype:
+
+    out[i] = combine(... combine(f(entry 0), f(entry 1)) ..., f(entry K_i - 1))
+    f(entry k) = widen(op.forward_block(*[stacks[j][table[i, k, j]] for j in range(L)]))
+
+with ``widen`` lifting bfloat16/float16 partials to float32. Entry 0 of every
+tile is valid. A scalar leaf has block shape ``()`` (its stack is ``(m_j,)``).
+When ``spec.direct`` is set, ``K == 1`` and every column of the table is
+``arange(n_tiles)``: stack row i belongs to output tile i, and a backend may
+skip the gather. Every tile of a window has the same block shapes (ragged edge
+tiles form windows of their own), so nothing is padded.
+"""
+from __future__ import annotations
+
+import dataclasses
+
+import numpy as np
+
+
+@dataclasses.dataclass(frozen=True)
+class WindowSpec:
+    """Static shape of one window program (a compiled program is cached per spec and op)."""
+
+    leaf_blocks: tuple[tuple[int, ...], ...]   # block shape per leaf position (() for a scalar leaf)
+    leaf_dtypes: tuple[str, ...]               # numpy dtype string per leaf position
+    stack_rows: tuple[int, ...]                # m_j: rows of each stack
+    n_tiles: int
+    k: int
+    out_block: tuple[int, ...]                 # one output tile's shape (() for a scalar output)
+    direct: bool = False
+
+    @property
+    def leaf_structs(self):
+        """``jax.ShapeDtypeStruct``s of one entry's leaf blocks (what ``forward_block`` receives)."""
+        import jax
+        return [jax.ShapeDtypeStruct(b, np.dtype(d)) for b, d in zip(self.leaf_blocks, self.leaf_dtypes)]
+
+    def operand_structs(self):
+        """``jax.ShapeDtypeStruct``s of a window program's arguments: stacks, table, valid."""
+        import jax
+        stacks = [jax.ShapeDtypeStruct((m, *b), np.dtype(d))
+                  for m, b, d in zip(self.stack_rows, self.leaf_blocks, self.leaf_dtypes)]
+        table = jax.ShapeDtypeStruct((self.n_tiles, self.k, len(self.leaf_blocks)), np.int32)
+        valid = jax.ShapeDtypeStruct((self.n_tiles, self.k), np.bool_)
+        return stacks, table, valid
+
+
+def widen_dtype(dtype) -> np.dtype:
+    """float32 for low-precision floats (bf16, f16): partials are accumulated at least in float32."""
+    import jax.numpy as jnp
+    dtype = jnp.dtype(dtype)
+    if jnp.issubdtype(dtype, jnp.floating) and dtype.itemsize < 4:
+        return jnp.dtype(jnp.float32)
+    return dtype
