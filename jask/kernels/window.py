@@ -33,7 +33,7 @@ class WindowSpec:
     """Static shape of one window program (a compiled program is cached per spec and op)."""
 
     leaf_blocks: tuple[tuple[int, ...], ...]   # block shape per leaf position (() for a scalar leaf)
-    leaf_dtypes: tuple[str, ...]               # numpy dtype string per leaf position
+    leaf_dtypes: tuple[np.dtype, ...]          # numpy dtype per leaf position (not .str: bfloat16 is "<V2")
     stack_rows: tuple[int, ...]                # m_j: rows of each stack
     n_tiles: int
     k: int
