@@ -16,6 +16,7 @@ _UNITS = {
     "kib": 2**10, "mib": 2**20, "gib": 2**30, "tib": 2**40,
 }
 BACKENDS = ("auto", "xla", "pallas", "pallas-interpret")
+PRECISIONS = ("highest", "high", "default", "float32", "tensorfloat32", "bfloat16")
 
 
 def parse_bytes(value) -> int:
@@ -47,6 +48,9 @@ class Config:
     tile: int | None = None
     fusion: bool = True
     progress: bool = False
+    device: object = None          # a jax.Device for tile math; None: the default backend's first device
+    device_budget: int | None = None  # bytes of device memory a window may take; None: half the free memory
+    precision: str = os.environ.get("JASK_PRECISION", "highest")  # float32 contractions (matmul precision)
 
 
 config = Config()
@@ -57,8 +61,14 @@ def update(name: str, value) -> None:
     if not hasattr(config, name):
         names = ", ".join(f.name for f in dataclasses.fields(Config))
         raise ValueError(f"unknown jask setting {name!r}; known settings: {names}")
-    if name == "memory_budget":
+    if name in ("memory_budget", "device_budget") and value is not None:
         value = parse_bytes(value)
+    elif name == "device" and value is not None:
+        import jax
+        if not isinstance(value, jax.Device):
+            raise TypeError(f"device must be a jax.Device (e.g. jax.devices()[0]) or None, got {value!r}")
+    elif name == "precision" and value not in PRECISIONS:
+        raise ValueError(f"unknown matmul precision {value!r}; choose one of {PRECISIONS}")
     elif name == "backend" and value not in BACKENDS:
         raise ValueError(f"unknown backend {value!r}; choose one of {BACKENDS}")
     elif name == "tile" and value is not None:
@@ -70,7 +80,7 @@ def update(name: str, value) -> None:
     setattr(config, name, value)
 
 
-def set_memory_budget(budget, scratch_dir=None, allow_tmpfs: bool = False) -> None:
+def set_memory_budget(budget, scratch_dir=None, allow_tmpfs: bool = False, device_budget=None) -> None:
     """Set the memory budget tile shapes are derived from, and where scratch stores live.
 
     Parameters
@@ -80,8 +90,13 @@ def set_memory_budget(budget, scratch_dir=None, allow_tmpfs: bool = False) -> No
     scratch_dir : str or path, optional
         Directory for op outputs and gradients. Must be on a real disk: tmpfs and
         ramfs count against RAM, so they are refused unless ``allow_tmpfs``.
+    device_budget : int or str, optional
+        Device memory one window of tiles may take (default: half of the
+        compute device's free memory; on the host CPU the budget above).
     """
     n = parse_bytes(budget)
+    if device_budget is not None:
+        config.device_budget = parse_bytes(device_budget)
     if scratch_dir is not None:
         from jask.io import scratch
         scratch.check_scratch_dir(os.fspath(scratch_dir), allow_tmpfs)

@@ -215,30 +215,70 @@ def test_explain_names_fused_ops(small_tiles):
     assert "add" in text and "fused: cube, sub" in text
 
 
-# ---------------------------------------------------------------- one kernel per tile
+# ---------------------------------------------------------------- one kernel call per window
+
+# 9x6 in tiles of 4: rows of 4, 4, 1 and columns of 4, 2, so four tile shapes; a window calls one
+# kernel per tile shape (ragged edges are never padded), and everything here fits one window.
+RAGGED_SHAPES = 4
+
 
 @pytest.mark.parametrize("backend", ["xla", "pallas-interpret"])
-def test_elementwise_chain_is_one_kernel_per_tile(small_tiles, backend):
-    """The 8-op chain (a user op among them) runs as one kernel launch per output tile."""
+def test_elementwise_chain_is_one_kernel_per_window(small_tiles, backend):
+    """The 8-op chain (a user op among them) runs as one kernel launch per window and tile shape."""
     jask.config.update("backend", backend)
     (A, B), (a, b) = _data((9, 6), (9, 6))
     with jask.profile() as p:
         out = jask.persist(cube(_chain8(a, b, jask.square)))
-    tiles = 3 * 2  # 9x6 in tiles of 4
-    assert (p.tiles, p.kernel_calls) == (tiles, tiles)
+    assert (p.tiles, p.windows, p.kernel_calls) == (6, 1, RAGGED_SHAPES)
     np.testing.assert_allclose(np.asarray(out), _chain8(A, B, np.square) ** 3, rtol=1e-4, atol=1e-4)
     jask.config.update("fusion", False)
     with jask.profile() as q:
         jask.persist(cube(_chain8(a, b, jask.square)))
-    assert q.kernel_calls == 10 * tiles  # the chain's nine ops and cube, each its own kernel per tile
+    # the chain's nine ops and cube, each its own kernel in passes of one window (two independent
+    # stages of one shape may share a pass and its reads)
+    assert q.kernel_calls == 10 * RAGGED_SHAPES and q.windows <= 10
 
 
-def test_reduction_of_a_chain_is_one_kernel_per_input_tile(small_tiles):
-    """sum(square(a - b)): the sum's fold step runs sub and square inside it, once per entry."""
+@pytest.mark.parametrize("backend", ["xla", "pallas-interpret"])
+def test_kernel_calls_equal_windows_when_tiles_are_equal(small_tiles, backend):
+    """8x12 in tiles of 4: every tile has one shape, so a pass makes exactly one call per window."""
+    jask.config.update("backend", backend)
+    (A, B), (a, b) = _data((8, 12), (8, 12))
+    with jask.profile() as p:
+        out = jask.persist(cube(_chain8(a, b, jask.square)))
+    assert (p.tiles, p.windows, p.kernel_calls) == (6, 1, 1)
+    np.testing.assert_allclose(np.asarray(out), _chain8(A, B, np.square) ** 3, rtol=1e-4, atol=1e-4)
+    with jask.profile() as q:
+        total = jask.sum(jask.square(a - b) @ jask.transpose(b))
+    # square(a - b) and b.T are stored (the dot reads their tiles repeatedly): a window each; the
+    # sum's window makes two calls, the fused dot's tiles and then the sum over them
+    assert (q.windows, q.kernel_calls) == (3, 4)
+    np.testing.assert_allclose(float(total), float(np.sum(np.square(A - B) @ B.T)), rtol=1e-4)
+
+
+def test_small_budget_splits_a_pass_into_windows(small_tiles):
+    """A budget of a few tiles: many windows, each one kernel call, each within the budget."""
+    (A, B), (a, b) = _data((16, 16), (16, 16))
+    from jask.exec.schedule import windows
+    from jask.base.executor import plan
+    jask.set_memory_budget(4096)
+    x = jask.square(a - b) + a
+    p = plan([x._node])
+    sched = list(windows(p, p.groups[0], [(i, j) for i in range(4) for j in range(4)], 4096))
+    assert len(sched) > 1 and all(len(w.calls) == 1 for w in sched)
+    with jask.profile() as prof:
+        out = jask.persist(x)
+    assert prof.windows == len(sched) and prof.kernel_calls == prof.windows and prof.tiles == 16
+    assert prof.peak_projected_bytes <= 4096
+    np.testing.assert_allclose(np.asarray(out), np.square(A - B) + A, rtol=1e-5)
+
+
+def test_reduction_of_a_chain_is_one_kernel_per_tile_shape(small_tiles):
+    """sum(square(a - b)): one fused program folds every entry, one call per input tile shape."""
     _, (a, b) = _data((9, 6), (9, 6))
     with jask.profile() as p:
         jask.sum(jask.square(a - b))
-    assert p.kernel_calls == 6
+    assert (p.windows, p.kernel_calls) == (1, RAGGED_SHAPES)
 
 
 def test_producer_used_twice_in_one_entry_is_computed_and_read_once(small_tiles):
@@ -247,7 +287,7 @@ def test_producer_used_twice_in_one_entry_is_computed_and_read_once(small_tiles)
     x = a - b
     with jask.profile() as p:
         out = jask.sum(x * x)
-    assert (p.bytes_read, p.kernel_calls) == (A.nbytes + B.nbytes, 6)
+    assert (p.bytes_read, p.kernel_calls) == (A.nbytes + B.nbytes, RAGGED_SHAPES)
     np.testing.assert_allclose(float(out), float(np.sum((A - B) ** 2)), rtol=1e-4)
 
 

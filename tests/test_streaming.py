@@ -461,7 +461,7 @@ def test_profile_records_executed_work(tmp_path, small_tiles):
     np.testing.assert_allclose(float(total), 2 * a.sum(), rtol=1e-4)
     # x + x inside the sum's fused kernel reads each tile of x once
     assert p.bytes_read == a.nbytes and outer.bytes_read == 2 * a.nbytes
-    assert p.kernel_calls == 12  # one fused kernel (add and sum's step) per tile of the 4x3 grid
+    assert p.windows == p.kernel_calls == 1  # add and sum's step fused, every tile of the 4x3 grid one call
     assert p.peak_rss_bytes > 0 and outer.peak_rss_bytes >= p.peak_rss_bytes
     assert p.wall_seconds > 0 and p.io_wait_seconds >= 0
     assert "read" in str(p) and "peak RSS" in str(p) and "waited" in str(p)

@@ -36,21 +36,24 @@ import time
 import weakref
 from collections import defaultdict
 
+import jax
+import jax.numpy as jnp
 import numpy as np
 
 from jask import kernels
-from jask.base.fusion import entries_of, entry_program, fused_kernel, live_positions
+from jask.base.fusion import entries_of, entry_program, live_positions
 from jask.base.graph import Node, OpNode, ScalarNode, StoredNode, ZerosNode
 from jask.base.op import CustomOp, TiledInput
+from jask.exec.devices import compute_device, device_budget
+from jask.exec.run_windows import WindowRunner
+from jask.exec.schedule import windows
 from jask.io import malloc
-from jask.io.reader import Prefetcher, TileKey, reader_for
+from jask.plan.memory import SLOTS_FIXED, SLOTS_PER_LEAF, SLOTS_PER_OP
+from jask.io.reader import Prefetcher, reader_for
 from jask.io.writer import WriteBehind
 
 MAX_TILE_ELEMENTS = 2**24  # 64 MiB of float32: bigger tiles stop paying off
 MIN_TILE_EDGE = 8
-SLOTS_PER_LEAF = 4         # raw chunk bytes, the assembled region, the device copy, one read ahead
-SLOTS_PER_OP = 2           # one partial and one accumulator per op on the pull path
-SLOTS_FIXED = 2            # the finished output tile and its write buffer
 LOCKSTEP_MIN_TILE_BYTES = 1 << 20  # the planner halves the tile for a lockstep join down to this size
 RELEASE_AFTER_BYTES = 16 << 20     # after a run projected at this or more, return freed memory (run())
 PREFETCH_DEPTH = 2         # input tiles read ahead of the kernel (counted in SLOTS_PER_LEAF)
@@ -116,6 +119,7 @@ class Stats:
     """Deterministic counters of executed work (bytes, tiles, kernel calls)."""
 
     tiles: int = 0
+    windows: int = 0
     kernel_calls: int = 0
     bytes_read: int = 0
     bytes_written: int = 0
@@ -125,10 +129,11 @@ class Stats:
     io_wait_seconds: float = 0.0
     plans: int = 0
     peak_projected_bytes: int = 0
+    devices: frozenset = frozenset()   # the devices kernels ran on
 
     def add(self, **counts) -> None:
         for k, v in counts.items():
-            setattr(self, k, getattr(self, k) + v)
+            setattr(self, k, getattr(self, k) | v if k == "devices" else getattr(self, k) + v)
 
     def saw_plan(self, p: "Plan") -> None:
         self.plans += 1
@@ -455,103 +460,38 @@ def _plan_at(roots, order, tile):
 # ---------------------------------------------------------------- execution
 
 class Executor:
-    """Runs one plan: pulls tiles through fused producers and writes materialized ones."""
+    """Runs one plan: each stage window by window (:mod:`jask.exec.schedule`), writing finished tiles."""
 
     def __init__(self, p: Plan):
         self.plan = p
         self.tile = p.tile
         self.backend = kernels.get_backend()
-        self.memo: dict | None = None  # (node, block) -> tile, while computing one output tile
-        self._stream = None            # the Prefetcher feeding read() during a pass
-        self._inside_loop = 0          # >0 while pulling entries of a multi-entry op: do not memoize
+        self.device = compute_device()
+        # On an accelerator the reader threads start each tile's host-to-device copy (asynchronous),
+        # so the next window's transfer overlaps this window's kernel; the host keeps NumPy tiles.
+        self.place = None if self.device.platform == "cpu" else (lambda x: jax.device_put(x, self.device))
 
     def read(self, node: StoredNode, idx):
-        if self._stream is not None:
-            key, block = next(self._stream)
-            if key != TileKey(id(node), tuple(idx)):
-                raise RuntimeError(f"read-ahead out of step: expected tile {tuple(idx)}, got {key.tile}")
-            return block
+        """One stored tile, read now (for custom ops and copies; passes read through the prefetcher)."""
         t0 = time.perf_counter()
         block = reader_for(node.store).read(region(idx, node.shape, self.tile))
         _count(bytes_read=block.nbytes, io_seconds=time.perf_counter() - t0)
         return block
 
-    @contextlib.contextmanager
-    def streaming(self, group, indices, memo: bool = True):
-        """Read ahead, on background threads, every stored tile computing ``indices`` will read."""
-        requests = read_requests(self.plan, group, indices, memo)
-        with Prefetcher(requests, depth=PREFETCH_DEPTH, count=_count) as stream:
-            self._stream = stream
-            try:
-                yield
-            finally:
-                self._stream = None
-
-    def placeholder(self, node: Node, idx):
-        """Zeros shaped like a block the op does not read (its shape may still matter)."""
-        node = node.resolved()
-        if isinstance(node, ScalarNode):
-            return np.zeros((), node.dtype)
-        return np.zeros(_block_at(node.shape, idx, self.tile), node.dtype)
-
-    def leaf_tiles(self, program) -> list:
-        """The tiles a fused program takes, in its leaf order (reads go through the memo)."""
-        out = []
-        for leaf in program.leaves:
-            if leaf.kind == "placeholder":
-                out.append(self.placeholder(leaf.node, leaf.block))
-            elif leaf.kind == "scalar":
-                out.append(leaf.node.value)
-            else:
-                out.append(self.tile_of(leaf.node, leaf.block))
-        return out
-
     def tile_of(self, node: Node, idx):
-        """One tile of ``node``; within a lockstep output tile each (node, tile) is computed once."""
+        """One tile of ``node``: read, a constant, or computed as a window of its own."""
         node = node.resolved()
-        if self.memo is None or self._inside_loop or isinstance(node, (ScalarNode, ZerosNode)):
-            return self._tile_of(node, idx)
-        key = (id(node), tuple(idx))
-        if key not in self.memo:
-            self.memo[key] = self._tile_of(node, idx)
-        return self.memo[key]
-
-    def _tile_of(self, node: Node, idx):
         if isinstance(node, StoredNode):
             return self.read(node, idx)
         if isinstance(node, ScalarNode):
             return node.value
         if isinstance(node, ZerosNode):
             return np.zeros(_block_at(node.shape, idx, self.tile), node.dtype)
-        prep = self.plan.prepared[id(node)]
-        entries = entries_of(prep, node, idx)
-        kernels_by_key: dict = {}
-
-        def kernel_of(program):
-            key = program.key()
-            if key not in kernels_by_key:
-                kernels_by_key[key] = fused_kernel(program, self.backend)
-            return kernels_by_key[key]
-
-        programs = (entry_program(self.plan, node, e) for e in entries)
-        t0 = time.perf_counter()
-        loop = len(entries) > 1
-        self._inside_loop += loop
-        try:
-            out = self.backend.output_tile(None, programs, self.leaf_tiles, node.dtype, kernel_of=kernel_of)
-        finally:
-            self._inside_loop -= loop
-        _count(kernel_calls=len(entries), compute_seconds=time.perf_counter() - t0)
-        expected = _block_at(node.shape, idx, self.tile)
-        if out is None:
-            return np.zeros(expected, node.dtype)
-        if tuple(out.shape) != expected:
-            raise ValueError(f"{prep.name}.forward_block produced a tile of shape {tuple(out.shape)} "
-                             f"for output tile {tuple(idx)}, expected {expected}")
-        return out
+        ((_, _, tile),) = self.run_windows([node], [tuple(idx)])
+        return tile
 
     def compute(self, nodes: list[OpNode], sinks) -> None:
-        """Compute a lockstep group (usually one node): every tile index in turn, for each member."""
+        """Compute a lockstep group (usually one node), window by window, writing each finished tile."""
         op = self.plan.prepared[id(nodes[0])].op
         if isinstance(op, CustomOp):
             algo = OOCAlgorithm(self, nodes[0], sinks[0])
@@ -561,28 +501,58 @@ class Executor:
         from jask.profile import progress
         indices = list(itertools.product(*map(range, grid(nodes[0].shape, self.tile))))
         names = " + ".join(self.plan.prepared[id(n)].name for n in nodes)
+        writer_of = {}
         with contextlib.ExitStack() as stack:
             bar = progress(len(indices) * len(nodes), names)
             stack.callback(bar.close)
-            stack.enter_context(self.streaming(nodes, indices))
-            writers = [stack.enter_context(WriteBehind(sink, depth=WRITE_DEPTH,
-                                                       count=_count if sink.counts_io else _count_wait))
-                       for sink in sinks]
-            for idx in indices:
-                self.memo = {}
+            for node, sink in zip(nodes, sinks):
+                writer_of[id(node)] = stack.enter_context(
+                    WriteBehind(sink, depth=WRITE_DEPTH, count=_count if sink.counts_io else _count_wait))
+            for node, idx, tile in self.run_windows(nodes, indices):
+                writer_of[id(node)].put(region(idx, node.shape, self.tile), tile, key=idx)
+                _count(tiles=1)
+                bar.update(1, tile.nbytes)
+
+    def run_windows(self, group, indices):
+        """Yield ``(node, idx, tile)`` for every tile of ``group`` at ``indices``, computed window by window.
+
+        One schedule (:func:`jask.exec.schedule.windows`) drives the reads and
+        the kernel calls; the prefetcher reads the next window's tiles while the
+        current window computes.
+        """
+        sched = list(windows(self.plan, group, indices, window_limit(self.plan)))
+        requests = [r for w in sched for r in w.reads]
+        depth = max([PREFETCH_DEPTH] + [len(w.reads) for w in sched])
+        runner = WindowRunner(self.backend, self.device, {id(n) for n in group}, _count)
+        with Prefetcher(requests, depth=depth, count=_count, place=self.place) as stream:
+            def take(key):
+                got, block = next(stream)
+                if got != key:
+                    raise RuntimeError(f"read-ahead out of step: expected tile {key.tile}, got {got.tile}")
+                return block
+
+            for w in sched:
+                _count(windows=1)
+                t0 = time.perf_counter()
                 try:
-                    for node, writer in zip(nodes, writers):
-                        try:
-                            tile = self.tile_of(node, idx)
-                        except Exception as e:
-                            e.add_note(f"while computing tile {idx} of {self.plan.prepared[id(node)].name} "
-                                       f"{node.shape} {node.dtype}")
-                            raise
-                        writer.put(region(idx, node.shape, self.tile), tile, key=idx)
-                        _count(tiles=1)
-                        bar.update(1, tile.nbytes)
-                finally:
-                    self.memo = None
+                    finished = runner.run(w, take)
+                except Exception as e:
+                    names = ", ".join(f"{self.plan.prepared[id(n)].name} tile {i}" for n, i in w.done[:3])
+                    e.add_note(f"while computing a window of {len(w.done)} tiles ({names}"
+                               f"{', ...' if len(w.done) > 3 else ''})")
+                    raise
+                _count(compute_seconds=time.perf_counter() - t0)
+                for node, idx, tile in finished:
+                    expected = _block_at(node.shape, idx, self.tile)
+                    if tile is None:
+                        tile = np.zeros(expected, node.dtype)
+                    tile = jnp.asarray(tile).astype(node.dtype) if not isinstance(tile, np.ndarray) \
+                        else tile.astype(node.dtype, copy=False)
+                    if tuple(tile.shape) != expected:
+                        raise ValueError(f"{self.plan.prepared[id(node)].name}.forward_block produced a tile of "
+                                         f"shape {tuple(tile.shape)} for output tile {tuple(idx)}, "
+                                         f"expected {expected}")
+                    yield node, idx, tile
 
 
 def _count_wait(io_wait_seconds=0.0, **_):
@@ -720,55 +690,35 @@ def explain(*arrays) -> str:
             raise TypeError("explain expects concrete DiskArrays (call it outside jit)")
         nodes.append(x._node)
     p = plan(nodes)
-    moved = _planned_io(p)
-    return p.describe() + f"\n  reads {human_bytes(moved[0])}, writes {human_bytes(moved[1])}"
+    read, written, n_windows = _planned_io(p)
+    return (p.describe() + f"\n  {n_windows} window{'s' * (n_windows != 1)} of at most "
+            f"{human_bytes(window_limit(p))} on {compute_device()} ({kernels.backend_name()} kernels); "
+            f"reads {human_bytes(read)}, writes {human_bytes(written)}")
 
 
-def read_requests(p: Plan, group, indices, memo: bool = True):
-    """The stored tiles computing ``indices`` of a group reads, in the executor's exact order.
+def window_limit(p: Plan) -> int:
+    """Bytes one window may hold: the host budget, or the device's when that is smaller.
 
-    Yields ``(TileKey, (store, region))``. Mirrors :meth:`Executor.tile_of`:
-    entries in order, each entry's fused program's leaves in order (a leaf
-    that is a multi-entry producer recursively); with ``memo``, each (node,
-    tile) is visited once per output tile, except inside a multi-entry op's loop.
+    Never below the plan's projection of one tile, so a plan that fits runs.
     """
-    def visit(node, idx, seen, in_loop):
-        node = node.resolved()
-        if isinstance(node, (ScalarNode, ZerosNode)):
-            return
-        key = (id(node), tuple(idx))
-        if seen is not None and not in_loop:
-            if key in seen:
-                return
-            seen.add(key)
-        if isinstance(node, StoredNode):
-            yield TileKey(id(node), tuple(idx)), (node.store, region(idx, node.shape, p.tile))
-        elif isinstance(node, OpNode):
-            entries = entries_of(p.prepared[id(node)], node, idx)
-            inner = in_loop or len(entries) > 1
-            for entry in entries:
-                for leaf in entry_program(p, node, entry).leaves:
-                    if leaf.kind == "tile":
-                        yield from visit(leaf.node, leaf.block, seen, inner)
-
-    for idx in indices:
-        seen = set() if memo else None
-        for node in group:
-            yield from visit(node, idx, seen, False)
+    from jask.config import config
+    return max(p.projected_bytes, min(config.memory_budget, device_budget()))
 
 
-def _planned_io(p: Plan) -> tuple[int, int]:
-    """Bytes the plan reads from stored arrays and writes for its stages (from :func:`read_requests`)."""
-    read = written = 0
+def _planned_io(p: Plan) -> tuple[int, int, int]:
+    """Bytes the plan reads from stored arrays and writes for its stages, and its windows (from its schedule)."""
+    read = written = n_windows = 0
+    limit = window_limit(p)
     for group in p.groups:
         if isinstance(p.prepared[id(group[0])].op, CustomOp):
             continue
-        scalar = group[0].shape == ()
-        indices = [()] if scalar else itertools.product(*map(range, grid(group[0].shape, p.tile)))
-        for _, (store, reg) in read_requests(p, group, indices, memo=not scalar):
-            read += int(np.prod([r.stop - r.start for r in reg])) * store.dtype.itemsize
+        indices = itertools.product(*map(range, grid(group[0].shape, p.tile)))
+        for w in windows(p, group, indices, limit):
+            n_windows += 1
+            for _, (store, reg) in w.reads:
+                read += int(np.prod([r.stop - r.start for r in reg])) * store.dtype.itemsize
         written += sum(_nbytes(n) for n in group if n.shape != ())
-    return read, written
+    return read, written, n_windows
 
 
 _deferred: list = []          # weak references to nodes the next run stores too (store_with_next_run)
@@ -813,7 +763,9 @@ def run(roots, make_sinks=None):
     p = None
     try:
         p = plan(roots + extra)
-        return _run(p, roots, make_sinks)
+        # Inside jit this runs in io_callback, whose default device is the host CPU: name ours.
+        with jax.default_device(compute_device()):
+            return _run(p, roots, make_sinks)
     except BaseException:
         store_with_next_run([n for n in extra if n.result is None])   # still wanted
         raise
@@ -846,8 +798,8 @@ def _run(p: Plan, roots, make_sinks):
         i = root_ids.get(id(node))
         if node.shape == () and i is not None:
             try:
-                with ex.streaming(group, [()], memo=False):
-                    results[i] = np.asarray(ex.tile_of(node, ()))
+                ((_, _, value),) = ex.run_windows(group, [()])
+                results[i] = np.asarray(value)
                 _count(tiles=1)
             except Exception as e:
                 e.add_note(f"while computing {p.prepared[id(node)].name} {node.dtype} scalar")

@@ -2,11 +2,11 @@
 
     python -m jask.bench.kernels --op=dot --n=4096 --block=512 --backend=xla --repeat=5
 
-The jask side drives the backend seam exactly as the executor does -- every
-output tile's ``index_map`` entries, blocks fetched and folded with
-``output_tile`` -- but reads blocks from in-memory arrays instead of Zarr, so
-the figure is the kernel layer's cost alone (``--path=jask`` runs the whole
-pipeline from Zarr stores instead). Prints per-op median and best wall time,
+The jask side drives the kernel layer as the executor does -- the whole output
+as one window program over stacked blocks, the entries from ``index_map`` --
+but takes blocks from in-memory arrays instead of Zarr, so the figure is the
+kernel layer's cost alone (``--path=kernel`` times the older per-tile seam,
+one call per output tile; ``--path=jask`` the whole pipeline from Zarr stores). Prints per-op median and best wall time,
 GFLOP/s (dot) or GB/s (the rest), the ratio to ``jax.jit`` of the same jnp
 expression timed in the same run, and the same ratio in process CPU seconds
 (steadier when other work shares the machine).
@@ -38,8 +38,10 @@ flags.DEFINE_enum("dtype", "float32", ["float32", "bfloat16", "float16"], "eleme
 flags.DEFINE_enum("blocks_from", "jax", ["jax", "numpy"],
                   "kernel path: slice blocks from the jax arrays jnp gets (the same in-memory data), "
                   "or from NumPy arrays, which adds a host copy per block as Zarr reads do")
-flags.DEFINE_enum("path", "kernel", ["kernel", "jask"],
-                  "kernel: the backend seam on in-memory blocks; jask: the full pipeline from Zarr stores")
+flags.DEFINE_enum("path", "window", ["window", "kernel", "jask"],
+                  "window: the whole array as one window program, as the executor runs a window (blocks "
+                  "stacked on the device, one kernel call); kernel: the older per-tile seam "
+                  "(backend.output_tile, one call per output tile); jask: the full pipeline from Zarr stores")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -118,6 +120,68 @@ def run_kernel_path(case: Case, inputs, block: int, backend_name: str):
     return compute, assemble
 
 
+def _stack_blocks(x, block):
+    """A 2-D array (or vector) cut into its blocks, row-major, stacked: ``(n_blocks, *block)``."""
+    if x.ndim == 1:
+        return x.reshape(-1, block[0])
+    (r, c), (br, bc) = x.shape, block
+    return x.reshape(r // br, br, c // bc, bc).transpose(0, 2, 1, 3).reshape(-1, br, bc)
+
+
+def _unstack_blocks(out, shape, block):
+    if len(shape) == 0:
+        return out.reshape(())
+    if len(shape) == 1:
+        return out.reshape(shape)
+    (r, c), (br, bc) = shape, block
+    return out.reshape(r // br, c // bc, br, bc).transpose(0, 2, 1, 3).reshape(r, c)
+
+
+def run_window_path(case: Case, inputs, block: int, backend_name: str):
+    """The whole output as ONE window program (:mod:`jask.kernels.window`), as the executor runs a window.
+
+    The timed function stacks each input's blocks on the device (the executor
+    stacks the tiles it read) and makes the one kernel call. Shapes must be
+    multiples of the block (a window holds tiles of one shape).
+    """
+    from jask import kernels
+    from jask.kernels.window import WindowSpec
+    for x in inputs:
+        if any(d % block for d in x.shape):
+            raise app.UsageError(f"--path=window needs --n to be a multiple of --block ({x.shape}, {block})")
+    tiled = [TiledInput(x.shape, x.dtype, tuple(min(block, d) for d in x.shape)) for x in inputs]
+    op = case.make_op(*tiled)
+    out_shape = tuple(op.output_shape(*[x.shape for x in inputs]))
+    out_dtype = np.dtype(op.output_dtype(*[x.dtype for x in inputs]))
+    out_block = tuple(min(block, d) for d in out_shape)
+    out_grid = tuple(math.ceil(d / b) for d, b in zip(out_shape, out_block))
+    tiles = list(itertools.product(*map(range, out_grid)))
+    entries = [op.index_map(idx) for idx in tiles]
+    k = max(len(e) for e in entries)
+    table = np.zeros((len(tiles), k, len(inputs)), np.int32)
+    valid = np.zeros((len(tiles), k), bool)
+    for i, ents in enumerate(entries):
+        for kk, entry in enumerate(ents):
+            valid[i, kk] = True
+            for j, (blk, t) in enumerate(zip(entry, tiled)):
+                table[i, kk, j] = np.ravel_multi_index(tuple(blk), t.grid)
+    rows = tuple(int(np.prod(t.grid)) for t in tiled)
+    direct = k == 1 and all((table[:, 0, j] == np.arange(len(tiles))).all() for j in range(len(inputs)))
+    spec = WindowSpec(tuple(t.block_shape for t in tiled), tuple(np.dtype(t.dtype) for t in tiled), rows,
+                      len(tiles), k, out_block, direct)
+    program = kernels.get_backend(backend_name).compile_window(op, spec)
+    stack = jax.jit(lambda *xs: [_stack_blocks(x, t.block_shape) for x, t in zip(xs, tiled)])
+    table_d, valid_d = jnp.asarray(table), jnp.asarray(valid)
+
+    def compute():
+        return program(stack(*inputs), table_d, valid_d)
+
+    def assemble(out):
+        return np.asarray(_unstack_blocks(np.asarray(out), out_shape, out_block)).astype(out_dtype)
+
+    return compute, assemble
+
+
 def run_jask_path(case: Case, inputs, block: int, backend_name: str):
     """The whole pipeline: Zarr stores in, the op, ``materialize`` out (scalars come back directly)."""
     import jask
@@ -158,8 +222,8 @@ def bench_op(name: str, n: int, block: int, backend: str, repeat: int, dtype: st
     inputs = [rng.standard_normal((n, n)).astype(jnp.dtype(dtype)) for _ in range(case.n_inputs)]
     ref_inputs = [jnp.asarray(x) for x in inputs]
     ref = jax.jit(case.ref)
-    runner = run_kernel_path if path == "kernel" else run_jask_path
-    data = ref_inputs if (path == "kernel" and blocks_from == "jax") else inputs
+    runner = {"window": run_window_path, "kernel": run_kernel_path, "jask": run_jask_path}[path]
+    data = ref_inputs if (path in ("window", "kernel") and blocks_from == "jax") else inputs
     compute, assemble = runner(case, data, block, backend)
     (ref_times, ref_cpu), (times, cpu) = _time_interleaved([lambda: ref(*ref_inputs), compute], repeat)
     got, want = assemble(compute()), np.asarray(ref(*ref_inputs))
@@ -181,7 +245,7 @@ def bench_op(name: str, n: int, block: int, backend: str, repeat: int, dtype: st
 def main(argv):
     del argv
     print(f"jax {jax.__version__} on {jax.default_backend()} ({jax.device_count()} device(s)); "
-          f"path={FLAGS.path}{', blocks from ' + FLAGS.blocks_from if FLAGS.path == 'kernel' else ''}; median of {FLAGS.repeat} after a warm-up, "
+          f"path={FLAGS.path}{', blocks from ' + FLAGS.blocks_from if FLAGS.path != 'jask' else ''}; median of {FLAGS.repeat} after a warm-up, "
           f"jnp and jask runs interleaved; load average {os.getloadavg()[0]:.2f} on {os.cpu_count()} cpus")
     for name in FLAGS.op:
         if name not in _cases():

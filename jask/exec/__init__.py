@@ -1,0 +1,1 @@
+"""Execution: runs a plan's windows on the compute device (see DESIGN.md)."""

@@ -1,0 +1,120 @@
+"""Running a schedule's windows: stack the tiles, one kernel call per program shape, fold, hand out tiles.
+
+Tiles read from disk arrive from the prefetcher in the schedule's read order
+(already on the compute device where that is not the host). Every call's
+operands are placed on the compute device explicitly, so inside ``jit`` (where
+``io_callback`` makes the host CPU JAX's default device) the tile math still
+runs where the user asked.
+"""
+from __future__ import annotations
+
+import dataclasses
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from jask.base.fusion import FusedTileOp, _is_plain, _Same
+
+_KERNEL_CACHE_SIZE = 512
+
+
+def _identity_op(program):
+    return program.root_op if _is_plain(program) else FusedTileOp(program)
+
+
+class Kernels:
+    """Window programs and fold functions of one backend, compiled once per program shape."""
+
+    def __init__(self):
+        self._programs: dict = {}
+        self._combines: dict = {}
+
+    def program(self, backend, call):
+        key = (backend.name, call.program.key(), call.spec)
+        fn = self._programs.get(key)
+        if fn is None:
+            fn = self._programs[key] = backend.compile_window(_identity_op(call.program), call.spec)
+            while len(self._programs) > _KERNEL_CACHE_SIZE:
+                self._programs.pop(next(iter(self._programs)))
+        return fn
+
+    def combine(self, root_op):
+        key = _Same(root_op)
+        fn = self._combines.get(key)
+        if fn is None:
+            fn = self._combines[key] = jax.jit(
+                lambda acc, part: jnp.asarray(root_op.combine(acc, part)).astype(acc.dtype))
+            while len(self._combines) > _KERNEL_CACHE_SIZE:
+                self._combines.pop(next(iter(self._combines)))
+        return fn
+
+
+kernels_cache = Kernels()
+
+
+def _stack(values, dtype, device):
+    """One operand of a call: the values of one leaf position stacked along a new leading axis."""
+    if all(isinstance(v, np.ndarray) for v in values):
+        host = values[0][None] if len(values) == 1 else np.stack(values)
+        if host.dtype != dtype:
+            host = host.astype(dtype)
+        return jax.device_put(host, device)
+    parts = [jax.device_put(jnp.asarray(v), device) for v in values]
+    out = parts[0][None] if len(parts) == 1 else jnp.stack(parts)
+    return out if out.dtype == dtype else out.astype(dtype)
+
+
+@dataclasses.dataclass
+class WindowRunner:
+    """Executes windows of one pass; ``acc`` carries partial stage tiles from one window to the next."""
+
+    backend: object
+    device: object
+    stage_ids: set
+    count: object
+    acc: dict = dataclasses.field(default_factory=dict)
+
+    def run(self, window, take_read):
+        """Compute one window; returns ``[(node, idx, tile)]`` for its finished stage tiles.
+
+        ``take_read(key)`` returns the next prefetched tile, which must be ``key``.
+        """
+        values = {}
+        for key, (tile_key, _) in zip(window.read_keys, window.reads):
+            values[key] = take_read(tile_key)
+        for key, (kind, node, shape) in window.constants.items():
+            values[key] = np.asarray(node.value) if kind == "scalar" else np.zeros(shape, node.dtype)
+        for call in window.calls:
+            self._call(call, values)
+        finished = []
+        for node, idx in window.done:
+            key = ("tile", id(node), idx)
+            tile = self.acc.pop(key, None)
+            if tile is None:
+                tile = values.get(key)
+            finished.append((node, idx, tile))
+        return finished
+
+    def _call(self, call, values):
+        program = kernels_cache.program(self.backend, call)
+        stacks = []
+        for j, keys in enumerate(call.rows):
+            dtype = np.dtype(call.spec.leaf_dtypes[j])
+            stacks.append(_stack([self._value(k, values) for k in keys], dtype, self.device))
+        table = jax.device_put(call.table, self.device)
+        valid = jax.device_put(call.valid, self.device)
+        out = program(stacks, table, valid)
+        self.count(kernel_calls=1, devices=frozenset(out.devices()))
+        combine = kernels_cache.combine(call.program.root_op)
+        # Partials stay in the accumulator dtype; a consumer's stack casts them to the node's dtype.
+        store = self.acc if id(call.node) in self.stage_ids else values
+        for i, t in enumerate(call.tiles):
+            key = ("tile", id(call.node), t)
+            part = out[i]
+            store[key] = part if key not in store else combine(store[key], part)
+
+    def _value(self, key, values):
+        if key in values:
+            return values[key]
+        return self.acc[key]   # an earlier lockstep member's tile of this index

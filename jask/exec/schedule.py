@@ -1,0 +1,255 @@
+"""The schedule of a pass: its windows, each one kernel call per program shape, in order.
+
+A *window* is a run of output tiles (and, for a reduction, of one tile's
+entries) computed together. Building one is pure host work on the plan, done
+before any byte moves, and its result drives both the reader and the kernels:
+
+* ``reads``: the stored tiles the window needs, each once, in the order the
+  prefetcher reads them (the executor takes them in the same order);
+* ``calls``: kernel calls in dependency order. Entries of one node whose
+  fused programs have the same shape (the same ops, wiring and leaf block
+  shapes) share one call over stacked tiles (:mod:`jask.kernels.window`), so
+  a window of equal tiles is ONE kernel call; ragged edge tiles, a tile met
+  twice on a diagonal, and fused multi-entry producers (a ``dot`` under an
+  epilogue, computed for the tiles its consumer needs) get calls of their own;
+* ``done``: the stage tiles whose last entry falls in this window.
+
+A window grows until its projected bytes (``SLOTS_PER_LEAF`` per distinct
+stored tile read, ``SLOTS_PER_OP`` per computed intermediate tile,
+``SLOTS_FIXED`` per output tile: the planner's own terms) would pass the
+limit, so one window is at most what the planner projected for one tile when
+the tile already fills the budget, and many small tiles share a call when
+they are small. Tiles of a lockstep group move together: a member may read an
+earlier member's tile of the same index from memory.
+"""
+from __future__ import annotations
+
+import dataclasses
+from collections import defaultdict
+
+import numpy as np
+
+from jask.base.fusion import entries_of, entry_program
+from jask.base.graph import OpNode, ScalarNode, StoredNode, ZerosNode
+from jask.io.reader import TileKey
+from jask.kernels.window import WindowSpec
+from jask.plan.memory import SLOTS_FIXED, SLOTS_PER_LEAF, SLOTS_PER_OP
+
+
+def block_at(shape, idx, tile) -> tuple[int, ...]:
+    return tuple(min((i + 1) * tile, d) - i * tile for i, d in zip(idx, shape))
+
+
+def region(idx, shape, tile) -> tuple[slice, ...]:
+    return tuple(slice(i * tile, min((i + 1) * tile, d)) for i, d in zip(idx, shape))
+
+
+def _bytes(shape, dtype) -> int:
+    return int(np.prod(shape, dtype=np.int64)) * max(np.dtype(dtype).itemsize, 4)
+
+
+@dataclasses.dataclass
+class Call:
+    """One kernel call: ``program`` over ``spec``-shaped stacks of the values named in ``rows``.
+
+    ``rows[j]`` lists the value keys stacked for leaf position j; ``tiles``
+    the output tile of each result row; ``finish[i]`` whether result row i
+    completes that tile (a nested producer's tiles always complete).
+    """
+
+    node: OpNode
+    program: object            # EntryProgram of the first entry (all entries share its shape)
+    spec: WindowSpec
+    rows: list
+    table: np.ndarray
+    valid: np.ndarray
+    tiles: list
+
+
+@dataclasses.dataclass
+class Window:
+    reads: list                # (TileKey, (store, region)) in read order
+    read_keys: list            # the value key of each read
+    calls: list
+    done: list                 # (node, tile index) of stage tiles finished here, in order
+    constants: dict            # value key -> (kind, node, block) for zeros, placeholders, scalars
+
+
+class _Draft:
+    """A window being filled: entries grouped by program shape, values it needs, projected bytes."""
+
+    def __init__(self, plan, stage_ids):
+        self.plan, self.tile = plan, plan.tile
+        self.stage_ids = stage_ids
+        self.groups: dict = {}            # group key -> dict(node, program, entries: [(tile, [rows keys])])
+        self.order: list = []             # group keys, first appearance
+        self.produced: dict = {}          # value key -> group key that produces it
+        self.reads: dict = {}             # value key -> read request (insertion ordered)
+        self.constants: dict = {}
+        self.nested_done: set = set()     # value keys of nested producer tiles already scheduled
+        self.done: list = []
+        self.bytes = 0
+        self.entries = 0
+
+    # -- costs, without changing the draft
+    def cost(self, node, idx, entries) -> int:
+        seen: set = set()
+        total = [0]
+
+        def walk(n, block, ents):
+            for e in ents:
+                for lf in entry_program(self.plan, n, e).leaves:
+                    key = ("tile", id(lf.node.resolved()), lf.block)
+                    if lf.kind != "tile" or key in seen or key in self.reads or key in self.produced:
+                        continue
+                    seen.add(key)
+                    inner = lf.node.resolved()
+                    if isinstance(inner, StoredNode):
+                        total[0] += SLOTS_PER_LEAF * _bytes(block_at(inner.shape, lf.block, self.tile), inner.dtype)
+                    elif isinstance(inner, OpNode) and id(inner) in self.plan.fused_ids:
+                        total[0] += SLOTS_PER_OP * _bytes(block_at(inner.shape, lf.block, self.tile), inner.dtype)
+                        walk(inner, lf.block, entries_of(self.plan.prepared[id(inner)], inner, lf.block))
+
+        walk(node, idx, entries)
+        out = _bytes(block_at(node.shape, idx, self.tile), node.dtype)
+        return total[0] + SLOTS_FIXED * out + SLOTS_PER_OP * out * (len(entries) > 0)
+
+    # -- adding work
+    def add(self, node, idx, entries, depth=0) -> str:
+        """Schedule ``entries`` of ``node``'s tile ``idx``; returns the group key of the last one."""
+        gkey = None
+        for e in entries:
+            program = entry_program(self.plan, node, e)
+            keys, sig = [], []
+            for lf in program.leaves:
+                inner = lf.node.resolved()
+                if lf.kind == "scalar":
+                    key = ("scalar", id(inner))
+                    self.constants[key] = ("scalar", inner, ())
+                    sig.append(((), inner.dtype))
+                elif lf.kind == "placeholder" or isinstance(inner, ZerosNode):
+                    shape = block_at(inner.shape, lf.block, self.tile)
+                    key = ("zeros", shape, inner.dtype)
+                    self.constants[key] = ("zeros", inner, shape)
+                    sig.append((shape, inner.dtype))
+                else:
+                    key = ("tile", id(inner), lf.block)
+                    self._need(key, inner, lf.block, depth)
+                    sig.append((block_at(inner.shape, lf.block, self.tile), inner.dtype))
+                keys.append(key)
+            gkey = (id(node), program.key(), tuple(sig))
+            group = self.groups.get(gkey)
+            if group is None:
+                group = self.groups[gkey] = dict(node=node, program=program, sig=tuple(sig), tiles={})
+                self.order.append(gkey)
+            group["tiles"].setdefault(tuple(idx), []).append(keys)
+            self.entries += 1
+        return gkey
+
+    def _need(self, key, inner, block, depth):
+        if key in self.reads or key in self.produced:
+            return
+        if isinstance(inner, StoredNode):
+            self.reads[key] = (TileKey(id(inner), tuple(block)), (inner.store, region(block, inner.shape, self.tile)))
+        elif isinstance(inner, OpNode) and id(inner) in self.plan.fused_ids:
+            ents = entries_of(self.plan.prepared[id(inner)], inner, block)
+            self.produced[key] = self.add(inner, block, ents, depth + 1) if ents else None
+            if not ents:
+                self.constants[key] = ("zeros", inner, block_at(inner.shape, block, self.tile))
+        elif isinstance(inner, OpNode) and id(inner) in self.stage_ids:
+            pass   # an earlier lockstep member's tile of this index: produced in this window
+        else:
+            # A stage of an earlier group, scheduled at plan time (to count bytes) before it is
+            # stored: it will be read like a store of its shape and dtype by then.
+            self.reads[key] = (TileKey(id(inner), tuple(block)), (inner, region(block, inner.shape, self.tile)))
+
+    def seal(self) -> Window:
+        calls = [self._call(self.groups[g]) for g in self._dependency_order()]
+        reads = list(self.reads.values())
+        return Window(reads, list(self.reads), calls, list(self.done), dict(self.constants))
+
+    def _call(self, group) -> Call:
+        tiles = list(group["tiles"])
+        k = max(len(v) for v in group["tiles"].values())
+        n_leaves = len(group["sig"])
+        rows = [[] for _ in range(n_leaves)]
+        where = [dict() for _ in range(n_leaves)]
+        table = np.zeros((len(tiles), k, n_leaves), np.int32)
+        valid = np.zeros((len(tiles), k), np.bool_)
+        for i, t in enumerate(tiles):
+            for kk, keys in enumerate(group["tiles"][t]):
+                valid[i, kk] = True
+                for j, key in enumerate(keys):
+                    if key not in where[j]:
+                        where[j][key] = len(rows[j])
+                        rows[j].append(key)
+                    table[i, kk, j] = where[j][key]
+            table[i, len(group["tiles"][t]):] = table[i, 0]
+        direct = k == 1 and all(len(r) == len(tiles) for r in rows) and all(
+            (table[:, 0, j] == np.arange(len(tiles))).all() for j in range(n_leaves))
+        node = group["node"]
+        out_block = block_at(node.shape, tiles[0], self.tile)
+        spec = WindowSpec(tuple(s for s, _ in group["sig"]), tuple(d for _, d in group["sig"]),
+                          tuple(len(r) for r in rows), len(tiles), k, out_block, direct)
+        return Call(node, group["program"], spec, rows, table, valid, tiles)
+
+    def _dependency_order(self) -> list:
+        """Groups in an order where every value a call stacks was produced by an earlier call."""
+        producer = {}
+        for g in self.order:
+            for t in self.groups[g]["tiles"]:
+                producer[("tile", id(self.groups[g]["node"]), t)] = g
+        needs = defaultdict(set)
+        for g in self.order:
+            for entries in self.groups[g]["tiles"].values():
+                for keys in entries:
+                    needs[g].update(producer[k] for k in keys if k in producer and producer[k] != g)
+        out, placed = [], set()
+        while len(out) < len(self.order):
+            ready = [g for g in self.order if g not in placed and needs[g] <= placed]
+            if not ready:
+                raise RuntimeError("schedule: circular dependency between kernel calls of one window")
+            out.append(ready[0])
+            placed.add(ready[0])
+        return out
+
+
+def windows(plan, group, indices, limit_bytes: int):
+    """Yield the :class:`Window`\\ s that compute ``indices`` of a lockstep ``group`` (usually one node).
+
+    Output tiles come in the order given; a single node's tile with many entries
+    (a reduction) may be split across windows, its partials folded by the executor.
+    """
+    stage_ids = {id(n) for n in group}
+    draft = _Draft(plan, stage_ids)
+    for idx in indices:
+        idx = tuple(idx)
+        try:
+            per_node = [(n, entries_of(plan.prepared[id(n)], n, idx)) for n in group]
+        except Exception as e:
+            e.add_note(f"while scheduling tile {idx} of {' + '.join(plan.prepared[id(n)].name for n in group)}")
+            raise
+        if len(group) == 1 and len(per_node[0][1]) > 1:
+            node, entries = per_node[0]
+            for e in entries:
+                cost = draft.cost(node, idx, [e])
+                if draft.entries and draft.bytes + cost > limit_bytes:
+                    yield draft.seal()
+                    draft = _Draft(plan, stage_ids)
+                draft.bytes += cost
+                draft.add(node, idx, [e])
+            draft.done.append((node, idx))
+            continue
+        cost = sum(draft.cost(n, idx, ents) for n, ents in per_node)
+        if draft.entries and draft.bytes + cost > limit_bytes:
+            yield draft.seal()
+            draft = _Draft(plan, stage_ids)
+        draft.bytes += cost
+        for n, ents in per_node:
+            if ents:
+                draft.add(n, idx, ents)
+            else:
+                draft.constants[("tile", id(n), idx)] = ("zeros", n, block_at(n.shape, idx, plan.tile))
+            draft.done.append((n, idx))
+    if draft.entries or draft.done:
+        yield draft.seal()

@@ -1,0 +1,1 @@
+"""Planning: tile sizes, fusion, windows and the memory they are projected to take."""

@@ -1,0 +1,69 @@
+"""Tile math runs on the compute device: the default backend's first device, or the one set.
+
+Inside ``jit`` jask's host work runs in ``io_callback``, where JAX makes the
+host CPU the default device; kernels started there without naming a device
+would run on the CPU of a GPU machine. These tests pick the *second* of two
+forced host devices, so a kernel that silently falls back to the default
+device shows up as running on the wrong one.
+"""
+import os
+import subprocess
+import sys
+import textwrap
+
+import pytest
+
+import jask
+
+SCRIPT = textwrap.dedent("""
+    import jax, jax.numpy as jnp, numpy as np, jask
+    assert len(jax.devices()) == 2, jax.devices()
+    d1 = jax.devices()[1]
+    jask.config.update("tile", 4)
+    jask.config.update("device", d1)
+    a_np = np.arange(96, dtype=np.float32).reshape(8, 12) / 7
+    b_np = np.ones((12, 8), np.float32) / 3
+    a, b = jask.from_numpy(a_np), jask.from_numpy(b_np)
+
+    with jask.profile() as eager:
+        total = jask.sum(jask.square(a @ b))
+        grads = jax.grad(lambda a: jask.sum(jask.square(a @ b)))(a)
+        g = np.asarray(grads)
+    with jask.profile() as jitted:
+        total_jit = jax.jit(lambda a, b: jask.sum(jask.square(a @ b)))(a, b)
+        g_jit = np.asarray(jax.jit(jax.grad(lambda a: jask.sum(jask.square(a @ b))))(a))
+    want = float(np.sum(np.square(a_np @ b_np)))
+    want_g = jax.grad(lambda a: jnp.sum(jnp.square(a @ b_np)))(a_np)
+    np.testing.assert_allclose(float(total), want, rtol=1e-5)
+    np.testing.assert_allclose(float(total_jit), want, rtol=1e-5)
+    np.testing.assert_allclose(g, want_g, rtol=1e-5)
+    np.testing.assert_allclose(g_jit, want_g, rtol=1e-5)
+    print("EAGER", sorted(str(d) for d in eager.devices), eager.kernel_calls)
+    print("JIT", sorted(str(d) for d in jitted.devices), jitted.kernel_calls)
+    assert eager.devices == {d1} and jitted.devices == {d1}, (eager.devices, jitted.devices)
+    assert eager.kernel_calls > 0 and jitted.kernel_calls > 0
+    print("OK")
+""")
+
+
+@pytest.mark.parametrize("backend", ["xla", "pallas-interpret"])
+def test_every_kernel_runs_on_the_chosen_device(tmp_path, backend):
+    env = dict(os.environ, XLA_FLAGS="--xla_force_host_platform_device_count=2", JASK_BACKEND=backend,
+               JASK_SCRATCH_DIR=str(tmp_path), JAX_PLATFORMS="cpu")
+    out = subprocess.run([sys.executable, "-c", SCRIPT], env=env, capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0 and "OK" in out.stdout, out.stdout + out.stderr[-3000:]
+
+
+def test_default_device_is_the_default_backends_first(small_tiles):
+    import jax
+    a = jask.from_numpy(__import__("numpy").ones((8, 8), "float32"))
+    with jask.profile() as p:
+        jask.sum(a + a)
+    assert p.devices == {jax.devices()[0]}
+
+
+def test_device_setting_checks_its_value():
+    with pytest.raises(TypeError, match="jax.Device"):
+        jask.config.update("device", "gpu:0")
+    with pytest.raises(ValueError, match="precision"):
+        jask.config.update("precision", "fast")
