@@ -159,6 +159,13 @@ class FusedTileOp:
     def combine(self, acc, partial):
         return self.root_op.combine(acc, partial)
 
+    def reblocked(self, shape):
+        """This program on blocks of ``shape``: for a pointwise program run on inner blocks of its tiles."""
+        other = object.__new__(FusedTileOp)
+        other.steps = [(op, refs, dtype, tuple(shape), name) for op, refs, dtype, _, name in self.steps]
+        other.root_op, other.root_refs = self.root_op, self.root_refs
+        return other
+
 
 class _Same:
     """Hashes and compares an op by identity (user ops may define ``__eq__`` or be unhashable)."""

@@ -315,6 +315,31 @@ class PallasBackend:
                              "choose a power of two")
         return PallasKernel(op, platform, self.interpret)
 
+    def target(self) -> str:
+        """Whose rules window programs follow: ``tpu`` (also in interpret mode) or ``gpu``."""
+        return "tpu" if self.interpret else self.platform()
+
+    def compile_window(self, op, spec):
+        """The jitted window program ``(stacks, table, valid) -> (n_tiles, *out_block)`` of ``op``.
+
+        One ``pallas_call`` per call (see :mod:`jask.kernels.pallas_window`).
+        Raises :class:`~jask.kernels.legality.WindowNotLegal` when this
+        platform cannot run the window: run the ``xla`` program for it.
+        """
+        from jask.kernels.pallas_window import window_program
+        return jax.jit(window_program(op, spec, self.target(), self.interpret))
+
+    def max_tile_edge(self, dtypes, n_leaves: int) -> int | None:
+        """Largest power-of-two tile edge at which any window program is legal here (None: no limit).
+
+        ``pallas-interpret``: None. TPU: whole tiles within the VMEM budget (512
+        for two float32 leaves). GPU (Triton): 128. Pointwise and plain 2-D
+        matmul programs are legal at any larger tile (split into inner blocks);
+        see :func:`jask.kernels.legality.max_tile_edge`.
+        """
+        from jask.kernels import legality
+        return legality.max_tile_edge("interpret" if self.interpret else self.target(), dtypes, n_leaves)
+
     def output_tile(self, kernel: PallasKernel, entries, fetch, out_dtype, kernel_of=None):
         pick = (lambda entry: kernel) if kernel_of is None else kernel_of
         fetched = ((pick(e), fetch(e)) for e in entries)

@@ -1,0 +1,228 @@
+"""Lowering gate: every window program jask emits, lowered for TPU and GPU without an accelerator.
+
+    python -m jask.kernels.lowering --platforms=cuda,tpu [--quick] [--legacy]
+
+For each op of the ``OPS`` table in ``tests/test_ops.py`` (built from its
+class's ``from_inputs``), a few fused chains (:class:`FusedTileOp`) and window
+shapes (direct elementwise, ``dot`` with K > 1, ``sum`` with many entries), at
+tile edges 4..1024 and one ragged edge, in float32 and bfloat16, the Pallas
+window program is exported with ``jax.export.export(jax.jit(f), platforms=[p])``.
+One line per kernel: ``ok``, ``refused`` (the backend raised WindowNotLegal up
+front: the executor runs the ``xla`` program for that window) or ``FAIL`` with
+the compiler's message. Exit status 1 if any kernel the backend claimed legal
+failed to lower. ``--legacy`` also lowers today's per-tile ``output_tile``
+kernels (whole-tile blocks), which fail on ``cuda`` at large tiles.
+
+This module is a tool: unlike the rest of ``jask/kernels`` it imports ops and
+fusion from ``jask.base``/``jask.linalg`` to build what the executor would.
+"""
+from __future__ import annotations
+
+import dataclasses
+import sys
+import time
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from absl import app, flags
+
+from jask.kernels.legality import WindowNotLegal
+from jask.kernels.pallas_window import window_program
+from jask.kernels.window import WindowSpec
+
+TARGET = {"cuda": "gpu", "tpu": "tpu"}
+EDGES = (4, 8, 16, 32, 64, 128, 256, 512, 1024, 200)   # 200: a ragged edge (not a power of two)
+QUICK_EDGES = (8, 128, 1024, 200)
+DTYPES = ("float32", "bfloat16")
+_DISABLED = [jax.export.DisabledSafetyCheck.custom_call(t)
+             for t in ("__gpu$xla.gpu.triton", "triton_kernel_call", "mosaic_gpu", "mosaic_gpu_v2")]
+
+
+@dataclasses.dataclass
+class Case:
+    """One kernel to lower: ``build()`` gives the function and its argument structs, or raises WindowNotLegal."""
+
+    name: str
+    edge: int
+    dtype: str
+    describe: str
+    build: object   # (target) -> (fn, arg structs)
+
+
+@dataclasses.dataclass
+class Result:
+    status: str     # ok | refused | FAIL
+    message: str = ""
+
+
+def check(case: Case, platform: str) -> Result:
+    """Lower ``case`` for ``platform``: ok, refused (WindowNotLegal) or FAIL with the compiler's message."""
+    try:
+        fn, structs = case.build(TARGET[platform])
+    except WindowNotLegal as e:
+        return Result("refused", str(e))
+    try:
+        jax.export.export(jax.jit(fn), platforms=[platform], disabled_checks=_DISABLED)(*structs)
+    except Exception as e:  # noqa: BLE001 - any lowering failure is the report
+        msg = " ".join(str(e).split())
+        return Result("FAIL", f"{type(e).__name__}: {msg[:400]}")
+    return Result("ok")
+
+
+# ---------------------------------------------------------------- what jask emits
+
+def _tiled(shape, dtype, edge):
+    from jask.base.op import TiledInput
+    return TiledInput(tuple(shape), np.dtype(dtype), tuple(min(edge, d) for d in shape))
+
+
+def _window_case(name, op, blocks, dtypes, out_block, k, edge, dtype, n_tiles=2, direct=None):
+    direct = k == 1 if direct is None else direct
+    spec = WindowSpec(tuple(map(tuple, blocks)), tuple(np.dtype(d) for d in dtypes),
+                      tuple(n_tiles * k for _ in blocks), n_tiles, k, tuple(out_block), direct)
+
+    def build(target):
+        return window_program(op, spec, target, interpret=False), spec.operand_structs()
+
+    describe = f"blocks={list(spec.leaf_blocks)} out={spec.out_block} K={k}{' direct' if direct else ''}"
+    return Case(name, edge, dtype, describe, build)
+
+
+def _op_case(name, cls, shapes, edge, dtype, scalar=None, **kw):
+    """An op built by ``cls.from_inputs`` over arrays of ``shapes`` (one window of its first output tile)."""
+    ins = [_tiled(s, dtype, edge) for s in shapes]
+    op = cls.from_inputs(*ins, **kw) if hasattr(cls, "from_inputs") else cls()
+    if scalar is not None:
+        ins.insert(scalar, None)
+    out_shape = op.output_shape(*[() if i is None else i.shape for i in ins])
+    entries = op.index_map((0,) * len(out_shape))
+    blocks = [() if i is None else i.block_shape for i in ins]
+    out_block = tuple(min(edge, d) for d in out_shape)
+    return _window_case(name, op, blocks, [dtype] * len(blocks), out_block, len(entries), edge, dtype)
+
+
+def _fused_case(name, steps, root, n_leaves, blocks, out_block, k, edge, dtype):
+    from jask.base.fusion import EntryProgram, FusedTileOp
+    op = FusedTileOp(EntryProgram([], steps, root[0], root[1], len(steps)))
+    return _window_case(name, op, blocks, [dtype] * n_leaves, out_block, k, edge, dtype)
+
+
+def cases(edges, dtypes):
+    """Every kernel the gate lowers, at each tile edge and dtype."""
+    from jask.base.fusion import LEAF, STEP
+    from jask.linalg.add import Add
+    from jask.linalg.dot import Dot
+    from jask.linalg.mul import MulArrays, MulConstant, ScalarMul
+    from jask.linalg.square import Square
+    from jask.linalg.sub import Sub
+    from jask.linalg.sum import Sum
+    from jask.linalg.transpose import Transpose
+    out = []
+    for dtype in dtypes:
+        for e in edges:
+            n, b = 3 * e, 2          # arrays of 3 tiles per dim: K = 3 for dot; b: batch dims
+            sq = (n, n)
+            out += [
+                _op_case("add", Add, [sq, sq], e, dtype),
+                _op_case("sub", Sub, [sq, sq], e, dtype),
+                _op_case("mul", MulArrays, [sq, sq], e, dtype),
+                _op_case("mul_array_pyfloat", MulConstant, [sq], e, dtype, factor=2.5),
+                _op_case("mul_array_jaxscalar", ScalarMul, [sq], e, dtype, scalar=1),
+                _op_case("square", Square, [sq], e, dtype),
+                _op_case("sum", Sum, [sq], e, dtype),
+                _op_case("sum_3d", Sum, [(b, n, n)], e, dtype),
+                _op_case("dot", Dot, [sq, sq], e, dtype),
+                _op_case("dot_batched", Dot, [(b, n, n), (b, n, n)], e, dtype),
+                _op_case("dot_3d_2d", Dot, [(b, n, n), sq], e, dtype),
+                _op_case("dot_2d_3d", Dot, [sq, (b, n, n)], e, dtype),
+                _op_case("dot_batch_broadcast1", Dot, [(1, n, n), (b, n, n)], e, dtype),
+                _op_case("dot_matvec", Dot, [sq, (n,)], e, dtype),
+                _op_case("dot_vecmat", Dot, [(n,), sq], e, dtype),
+                _op_case("dot_vecvec", Dot, [(n,), (n,)], e, dtype),
+                _op_case("transpose", Transpose, [sq], e, dtype),
+                _op_case("transpose_3d", Transpose, [(b, n, n)], e, dtype),
+                _op_case("transpose_axes", Transpose, [(b, n, n)], e, dtype, axes=(2, 0, 1)),
+                _window_case("window_sum_many", Sum(), [(e, e)], [dtype], (), 64, e, dtype, n_tiles=1),
+                _window_case("window_dot_k8", Dot(), [(e, e), (e, e)], [dtype] * 2, (e, e), 8, e, dtype,
+                             n_tiles=4),
+                _window_case("window_add_gathered", Add(), [(e, e), (e, e)], [dtype] * 2, (e, e), 1, e,
+                             dtype, n_tiles=4, direct=False),
+            ]
+            t, dt = (e, e), np.dtype(dtype)
+            out += [
+                _fused_case("fused_sub_square", [(Sub(), ((LEAF, 0), (LEAF, 1)), dt, t, "sub")],
+                            (Square(), ((STEP, 0),)), 2, [t, t], t, 1, e, dtype),
+                _fused_case("fused_sub_square_sum", [(Sub(), ((LEAF, 0), (LEAF, 1)), dt, t, "sub"),
+                                                     (Square(), ((STEP, 0),), dt, t, "square")],
+                            (Sum(), ((STEP, 1),)), 2, [t, t], (), 9, e, dtype),
+                _fused_case("fused_add_scalarmul_T", [(Add(), ((LEAF, 0), (LEAF, 1)), dt, t, "add"),
+                                                      (ScalarMul(), ((STEP, 0), (LEAF, 2)), dt, t, "mul")],
+                            (Transpose(None, 2), ((STEP, 1),)), 3, [t, t, ()], t, 1, e, dtype),
+                _fused_case("fused_T_dot", [(Transpose(None, 2), ((LEAF, 0),), dt, t, "transpose")],
+                            (Dot(), ((STEP, 0), (LEAF, 1))), 2, [t, t], t, 3, e, dtype),
+            ]
+    return out
+
+
+def legacy_cases(edges, dtypes):
+    """Today's per-tile ``output_tile`` kernels: whole-tile blocks, one chunk of entries."""
+    from jask.kernels.pallas import PallasKernel
+    from jask.linalg.add import Add
+    out = []
+    for dtype in dtypes:
+        for e in edges:
+            def build(target, e=e, dtype=dtype):
+                k = PallasKernel(Add(), target, interpret=False)
+                x = jax.ShapeDtypeStruct((1, e, e), jnp.dtype(dtype))
+                return (lambda a, b: k._chunk_program((False, False), a, b)), (x, x)
+            out.append(Case("legacy_add", e, dtype, f"blocks=[({e}, {e})] * 2 whole tile", build))
+    return out
+
+
+# ---------------------------------------------------------------- command line
+
+FLAGS = flags.FLAGS
+flags.DEFINE_list("platforms", ["cuda", "tpu"], "Platforms to lower for (cuda, tpu).")
+flags.DEFINE_bool("quick", False, f"Tile edges {QUICK_EDGES} only (CI).")
+flags.DEFINE_bool("legacy", False, "Also lower today's per-tile output_tile kernels (whole-tile blocks).")
+flags.DEFINE_string("only", "", "Lower only cases whose name contains this.")
+
+
+def run_gate(platforms, edges, dtypes=DTYPES, legacy=False, only="", out=sys.stdout) -> dict:
+    """Lower every case on every platform; print one line each and return the counts per status."""
+    counts = {"ok": 0, "refused": 0, "FAIL": 0}
+    failures = []
+    todo = cases(edges, dtypes) + (legacy_cases(edges, dtypes) if legacy else [])
+    for case in todo:
+        if only and only not in case.name:
+            continue
+        for p in platforms:
+            r = check(case, p)
+            counts[r.status] += 1
+            line = f"{r.status:8} {p:5} {case.name:24} {case.dtype:9} edge={case.edge:<5} {case.describe}"
+            print(line + (f"  -- {r.message}" if r.message else ""), file=out, flush=True)
+            if r.status == "FAIL":
+                failures.append(line + f"\n    {r.message}")
+    print(f"summary: {counts['ok']} ok, {counts['refused']} refused (xla fallback), {counts['FAIL']} failed",
+          file=out)
+    for f in failures:
+        print("FAILED " + f, file=out)
+    counts["failures"] = failures
+    return counts
+
+
+def main(argv):
+    del argv
+    for p in FLAGS.platforms:
+        if p not in TARGET:
+            raise app.UsageError(f"unknown platform {p!r}; choose from {sorted(TARGET)}")
+    start = time.perf_counter()
+    counts = run_gate(FLAGS.platforms, QUICK_EDGES if FLAGS.quick else EDGES, legacy=FLAGS.legacy,
+                      only=FLAGS.only)
+    print(f"lowered in {time.perf_counter() - start:.1f}s")
+    sys.exit(1 if counts["FAIL"] else 0)
+
+
+if __name__ == "__main__":
+    app.run(main)

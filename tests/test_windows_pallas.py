@@ -1,0 +1,219 @@
+"""Pallas window programs (``PallasBackend.compile_window``) against a plain numpy reference, and the lowering gate.
+
+Each window program computes ``out[i] = fold_k combine(forward_block(stacks[j][table[i, k, j]]...))``
+over the valid entries of tile i (see ``jask/kernels/window.py``). The reference
+below is that formula written in numpy. The ``tpu`` kernels (grid folds) run in
+interpret mode, as the ``pallas-interpret`` backend does; the ``gpu`` (Triton)
+kernels (in-kernel folds) run in interpret mode too, so their math is checked on
+CPU. Small ``Limits`` force inner blocks at small tiles.
+"""
+import subprocess
+import sys
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from jask import kernels
+from jask.base.fusion import LEAF, STEP, EntryProgram, FusedTileOp
+from jask.kernels import legality, lowering
+from jask.kernels.legality import Limits, WindowNotLegal
+from jask.kernels.pallas_window import window_program
+from jask.kernels.window import WindowSpec
+from jask.linalg.add import Add
+from jask.linalg.dot import Dot
+from jask.linalg.mul import ScalarMul
+from jask.linalg.square import Square
+from jask.linalg.sub import Sub
+from jask.linalg.sum import Sum
+from jask.linalg.transpose import Transpose
+
+TINY = Limits(tpu_pointwise_bytes=2048, tpu_matmul_edge=16, triton_pointwise_elems=128,
+              triton_matmul=(16, 16, 16))
+TARGETS = [("tpu", legality.LIMITS), ("tpu", TINY), ("gpu", legality.LIMITS), ("gpu", TINY)]
+TARGET_IDS = ["tpu", "tpu-inner", "gpu", "gpu-inner"]
+BF16_TOL = 2e-2   # relative, for bfloat16 inputs (8 bits of mantissa)
+
+
+def _spec(blocks, dtype, rows, n, k, out_block, direct=False):
+    return WindowSpec(tuple(map(tuple, blocks)), tuple(np.dtype(dtype) for _ in blocks), tuple(rows), n, k,
+                      tuple(out_block), direct)
+
+
+def _operands(spec, seed=0, table=None, valid=None):
+    rng = np.random.default_rng(seed)
+    stacks = [rng.standard_normal((m, *b)).astype(d) for m, b, d in
+              zip(spec.stack_rows, spec.leaf_blocks, spec.leaf_dtypes)]
+    if table is None:
+        if spec.direct:
+            table = np.repeat(np.arange(spec.n_tiles, dtype=np.int32)[:, None, None], len(stacks), axis=2)
+        else:
+            table = np.stack([rng.integers(0, m, (spec.n_tiles, spec.k)) for m in spec.stack_rows], -1)
+    if valid is None:
+        valid = np.ones((spec.n_tiles, spec.k), bool)
+    return stacks, np.asarray(table, np.int32), np.asarray(valid)
+
+
+def _reference(op, stacks, table, valid):
+    """The window formula: float32 blocks (bfloat16 leaves widened first), folded in float64."""
+    out = []
+    for i in range(table.shape[0]):
+        acc = None
+        for k in range(table.shape[1]):
+            if valid[i, k]:
+                blocks = [jnp.asarray(np.asarray(s[table[i, k, j]], np.float32)) for j, s in enumerate(stacks)]
+                p = np.asarray(op.forward_block(*blocks), np.float64)
+                acc = p if acc is None else acc + p
+        out.append(acc)
+    return np.stack(out)
+
+
+def _check(op, spec, target, limits, seed=0, table=None, valid=None):
+    stacks, table, valid = _operands(spec, seed, table, valid)
+    run = jax.jit(window_program(op, spec, target, interpret=True, limits=limits))
+    got = run([jnp.asarray(s) for s in stacks], jnp.asarray(table), jnp.asarray(valid))
+    low = any(np.dtype(d).itemsize < 4 for d in spec.leaf_dtypes)
+    assert got.dtype == np.float32 and got.shape == (spec.n_tiles, *spec.out_block)
+    want = _reference(op, stacks, table, valid)
+    tol = dict(rtol=BF16_TOL, atol=BF16_TOL * np.abs(want).max()) if low else dict(rtol=1e-5, atol=1e-4)
+    np.testing.assert_allclose(np.asarray(got), want, **tol)
+    return run, (stacks, table, valid)
+
+
+DTYPES = [np.float32, jnp.bfloat16]
+
+
+@pytest.mark.parametrize("target, limits", TARGETS, ids=TARGET_IDS)
+@pytest.mark.parametrize("dtype", DTYPES, ids=["f32", "bf16"])
+def test_elementwise_direct(target, limits, dtype):
+    spec = _spec([(16, 128), (16, 128)], dtype, (3, 3), 3, 1, (16, 128), direct=True)
+    _check(Add(), spec, target, limits)
+
+
+@pytest.mark.parametrize("target, limits", TARGETS, ids=TARGET_IDS)
+def test_scalar_leaf(target, limits):
+    spec = WindowSpec(((16, 128), ()), (np.dtype(np.float32),) * 2, (4, 4), 4, 1, (16, 128), True)
+    _check(ScalarMul(), spec, target, limits)
+
+
+@pytest.mark.parametrize("target, limits", TARGETS, ids=TARGET_IDS)
+@pytest.mark.parametrize("dtype", DTYPES, ids=["f32", "bf16"])
+def test_dot_with_padded_entries(target, limits, dtype):
+    """K = 3 with tiles that have 3, 2 and 1 entries: invalid (padding) entries must not count."""
+    valid = np.ones((4, 3), bool)
+    valid[1, 2] = False
+    valid[3, 1:] = False
+    spec = _spec([(32, 32), (32, 32)], dtype, (7, 7), 4, 3, (32, 32))
+    _check(Dot(), spec, target, limits, valid=valid)
+
+
+@pytest.mark.parametrize("target, limits", TARGETS, ids=TARGET_IDS)
+@pytest.mark.parametrize("dtype", DTYPES, ids=["f32", "bf16"])
+def test_sum_many_entries_to_one_tile(target, limits, dtype):
+    spec = _spec([(8, 16)], dtype, (40,), 1, 40, ())
+    _check(Sum(), spec, target, limits, table=np.arange(40).reshape(1, 40, 1))
+
+
+@pytest.mark.parametrize("target, limits", TARGETS, ids=TARGET_IDS)
+def test_transpose(target, limits):
+    spec = _spec([(8, 16)], np.float32, (4,), 4, 1, (16, 8), direct=True)
+    _check(Transpose(None, 2), spec, target, limits)
+
+
+def _fused_sub_square(dtype, shape):
+    steps = [(Sub(), ((LEAF, 0), (LEAF, 1)), np.dtype(dtype), shape, "sub")]
+    return FusedTileOp(EntryProgram([], steps, Square(), ((STEP, 0),), 1))
+
+
+@pytest.mark.parametrize("target, limits", TARGETS, ids=TARGET_IDS)
+@pytest.mark.parametrize("dtype", DTYPES, ids=["f32", "bf16"])
+def test_fused_chain(target, limits, dtype):
+    """(a - b)^2 as one fused program: pointwise, so it runs on inner blocks under TINY limits."""
+    spec = _spec([(16, 128), (16, 128)], dtype, (6, 6), 3, 2, (16, 128))
+    _check(_fused_sub_square(dtype, (16, 128)), spec, target, limits)
+
+
+@pytest.mark.parametrize("target", ["tpu", "gpu"])
+def test_one_pallas_call_per_window(target):
+    spec = _spec([(32, 32), (32, 32)], np.float32, (6, 6), 4, 3, (32, 32))
+    stacks, table, valid = _operands(spec)
+    jaxpr = jax.make_jaxpr(window_program(Dot(), spec, target, True, TINY))(stacks, table, valid)
+    assert [e.primitive.name for e in jaxpr.jaxpr.eqns].count("pallas_call") == 1
+
+
+def test_backend_compile_window_is_one_call_and_exact():
+    backend = kernels.get_backend("pallas-interpret")
+    spec = _spec([(8, 8), (8, 8)], np.float32, (4, 4), 4, 1, (8, 8), direct=True)
+    stacks, table, valid = _operands(spec)
+    run = backend.compile_window(Add(), spec)
+    np.testing.assert_array_equal(np.asarray(run(stacks, table, valid)), stacks[0] + stacks[1])
+    jaxpr = jax.make_jaxpr(run)(stacks, table, valid)
+    assert "pallas_call" in str(jaxpr) and str(jaxpr).count("pallas_call[") == 1
+    assert backend.max_tile_edge([np.float32], 2) is None
+
+
+def test_classify_and_refusals():
+    f32 = np.float32
+    acc = np.dtype(f32)
+    assert legality.classify(Add(), _spec([(8, 8)] * 2, f32, (1, 1), 1, 1, (8, 8)), acc)[0] == "pointwise"
+    assert legality.classify(Dot(), _spec([(8, 8)] * 2, f32, (1, 1), 1, 2, (8, 8)), acc)[0] == "matmul"
+    assert legality.classify(Sum(), _spec([(8, 8)], f32, (1,), 1, 2, ()), acc)[0] == "general"
+    assert legality.classify(Transpose(None, 2), _spec([(8, 16)], f32, (1,), 1, 1, (16, 8)), acc)[0] == "general"
+    big = _spec([(1024, 1024)], f32, (1,), 1, 4, ())
+    with pytest.raises(WindowNotLegal, match="Triton"):
+        window_program(Sum(), big, "gpu", interpret=False)
+    with pytest.raises(WindowNotLegal, match="VMEM"):
+        window_program(Sum(), _spec([(2, 2048, 1024)], f32, (1,), 1, 4, ()), "tpu", interpret=False)
+    assert legality.max_tile_edge("gpu", [f32], 2) == 128
+    assert legality.max_tile_edge("tpu", [f32], 2) == 512
+
+
+# ---------------------------------------------------------------- the lowering gate
+
+def test_gate_covers_the_ops_table():
+    test_ops = pytest.importorskip("test_ops")
+    names = {c.name for c in lowering.cases((8,), ("float32",))}
+    operators = {"matmul_operator": "dot", "T_operator": "transpose", "arith_operators": "fused_sub_square",
+                 "pow_div_operators": "fused_sub_square", "mul_jaxscalar_array": "mul_array_jaxscalar",
+                 "mul_pyfloat_array": "mul_array_pyfloat", "mul_jaxscalar_array_operator": "mul_array_jaxscalar",
+                 "chain_dot_sub_square": "fused_sub_square", "chain_add_scalarmul_T_dot": "fused_add_scalarmul_T",
+                 "chain_shared_input": "fused_sub_square"}
+    missing = [p.id for p in test_ops.OPS if operators.get(p.id, p.id) not in names]
+    assert not missing
+
+
+def test_gate_reports_an_illegal_block_as_a_failure():
+    """Today's whole-tile block of a 1024x1024 float32 add does not fit Mosaic GPU's shared memory."""
+    case = lowering.legacy_cases((1024,), ("float32",))[0]
+    r = lowering.check(case, "cuda")
+    assert r.status == "FAIL" and "shared memory" in r.message
+
+
+def test_gate_reports_a_refusal_as_a_refusal():
+    case = next(c for c in lowering.cases((1024,), ("float32",)) if c.name == "sum")
+    assert lowering.check(case, "cuda").status == "refused"
+
+
+def test_quick_gate_passes():
+    out = subprocess.run([sys.executable, "-m", "jask.kernels.lowering", "--quick", "--platforms=cuda,tpu"],
+                         capture_output=True, text=True, timeout=600)
+    assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
+    summary = next(line for line in out.stdout.splitlines() if line.startswith("summary:"))
+    assert " 0 failed" in summary and int(summary.split()[1]) > 100
+
+
+def test_tpu_matmul_accumulates_over_inner_contraction_blocks():
+    limits = Limits(tpu_matmul_edge=128)
+    spec = _spec([(16, 256), (256, 128)], np.float32, (5, 5), 2, 2, (16, 128))
+    assert legality.plan(Dot(), spec, np.dtype(np.float32), "tpu", limits).inner == (16, 128, 128)
+    _check(Dot(), spec, "tpu", limits)
+
+
+def test_inner_blocks_under_small_limits():
+    f32 = np.dtype(np.float32)
+    pointwise = _spec([(16, 128)] * 2, f32, (1, 1), 1, 1, (16, 128))
+    assert legality.plan(Add(), pointwise, f32, "tpu", TINY).inner == (8, 128)
+    assert legality.plan(Add(), pointwise, f32, "gpu", TINY).inner == (128,)
+    mm = _spec([(32, 32)] * 2, f32, (1, 1), 1, 2, (32, 32))
+    assert legality.plan(Dot(), mm, f32, "gpu", TINY).inner == (16, 16, 16)
