@@ -125,8 +125,8 @@ def memory_lines(p, steps, baseline: int, budget: int) -> str:
     if later:
         ok = "within" if max(later) <= budget else "OVER"
         lines.append(f"        jask's working set: at most {mib(max(later))} per step after the first ({ok} "
-                     f"the budget of {mib(budget)}; planned {mib(p.peak_projected_bytes)}); the first step, which also compiles "
-                     f"it, {mib(steps[0].working_set_bytes)}")
+                     f"the budget of {mib(budget)}; planned {mib(p.peak_projected_bytes)}); the first step, "
+                     f"which also compiles it, {mib(steps[0].working_set_bytes)}")
     return "\n".join(lines)
 
 

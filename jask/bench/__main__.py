@@ -284,6 +284,7 @@ def run_suite(suite: Suite):
                 W = workloads.get(name.strip())
                 for params in _sizes(W):
                     harness.shutil_rm(os.path.join(data_dir, f"{W.NAME}-{_slug(params['label'])}"))
+            harness.remove_empty_dirs(data_dir)
     suite.meta.update(finished=datetime.datetime.now().isoformat(timespec="seconds"), load_at_end=os.getloadavg())
     suite.save()
 
