@@ -5,7 +5,7 @@ limit_arenas()  # before any reader or writer thread exists; see jask/io/malloc.
 
 from jask import config
 from jask.base.array import DiskArray
-from jask.base.executor import Stats, explain
+from jask.base.executor import Stats
 from jask.config import set_memory_budget
 from jask.io.scratch import cleanup_scratch
 from jask.linalg.add import add
@@ -15,7 +15,7 @@ from jask.linalg.square import square
 from jask.linalg.sub import sub
 from jask.linalg.sum import sum  # noqa: A004
 from jask.linalg.transpose import transpose
-from jask.profile import profile
+from jask.profile import explain, profile, runtime_baseline
 from jask.sinks import materialize, persist, rechunk, to_zarr, update_
 from jask.sources import from_numpy, from_zarr
 
@@ -23,6 +23,6 @@ __version__ = "0.1.0"
 
 __all__ = [
     "DiskArray", "Stats", "add", "cleanup_scratch", "config", "dot", "explain", "from_numpy", "from_zarr",
-    "materialize", "mul", "persist", "profile", "rechunk", "set_memory_budget", "square", "sub", "sum",
-    "to_zarr", "transpose", "update_",
+    "materialize", "mul", "persist", "profile", "rechunk", "runtime_baseline", "set_memory_budget", "square",
+    "sub", "sum", "to_zarr", "transpose", "update_",
 ]

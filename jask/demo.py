@@ -7,15 +7,22 @@ Builds ``X`` (rows x features) and ``y = X @ w_true + noise`` as local Zarr
 stores chunk by chunk (never whole in memory), then runs Adam on the mean
 squared error with ``jax.jit(jax.value_and_grad(...))``; parameters are
 DiskArrays updated in place, so the step compiles once.
+
+Writes the data set to ``--data_dir`` (default ``jask-demo-data`` in the
+working directory; 514 MiB at the default size), which is kept so the next
+run reuses it: delete the folder to free the space. Op outputs and gradients
+live in ``<data_dir>/scratch`` while the demo runs. The last lines split the
+peak RSS into the runtime's baseline (Python, JAX and XLA, measured at
+start-up) and what was added since, and compare jask's working set per step
+with the budget.
 """
 from __future__ import annotations
 
 import os
-import resource
 import time
 
 import numpy as np
-from absl import app, flags
+from absl import flags
 
 FLAGS = flags.FLAGS
 flags.DEFINE_integer("rows", 524_288, "Number of samples.")
@@ -56,6 +63,7 @@ def main(argv):
     import jask
     import jask.optim
 
+    baseline = jask.runtime_baseline()      # Python + JAX + XLA before jask does any work
     jask.set_memory_budget(FLAGS.budget, scratch_dir=os.path.join(FLAGS.data_dir, "scratch"))
     os.makedirs(FLAGS.data_dir, exist_ok=True)
     t0 = time.perf_counter()
@@ -79,25 +87,53 @@ def main(argv):
         updates, state = opt.update(g, state, w)
         return jask.optim.apply_updates(w, updates), state, loss
 
-    stats = jask.Stats()
-    from jask.base import executor
-    executor._listeners.append(stats)
-    start = time.perf_counter()
-    for i in range(FLAGS.steps):
-        t = time.perf_counter()
-        new_w, state, loss = step(w, state, X, y)
-        w.update_(new_w)
-        print(f"step {i:3d}  loss {float(loss):.6f}  ({time.perf_counter() - t:.2f} s)")
-    wall = time.perf_counter() - start
-    executor._listeners.remove(stats)
-    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
-    print(f"throughput: {stats.bytes_read / wall / 1e9:.2f} GB/s read, "
+    steps = []
+    with jask.profile() as p:
+        for i in range(FLAGS.steps):
+            with jask.profile() as s:
+                new_w, state, loss = step(w, state, X, y)
+                w.update_(new_w)
+            steps.append(s)
+            print(f"step {i:3d}  loss {float(loss):.6f}  ({s.wall_seconds:.2f} s, "
+                  f"+{s.working_set_bytes / 2**20:.0f} MiB RSS during the step)")
+    wall = p.wall_seconds
+    print(f"throughput: {p.bytes_read / wall / 1e9:.2f} GB/s read, "
           f"{FLAGS.steps * X.nbytes / wall / 1e9:.2f} GB/s of X per step-pass, {wall / FLAGS.steps:.2f} s/step")
-    print(f"bytes read {stats.bytes_read / 2**30:.2f} GiB, written {stats.bytes_written / 2**20:.1f} MiB; "
-          f"peak RSS {peak / 2**20:.0f} MiB (budget {budget / 2**20:.0f} MiB)")
-    print(f"final loss {float(loss):.6f}; data set kept at {os.path.abspath(FLAGS.data_dir)}")
+    print(f"bytes read {p.bytes_read / 2**30:.2f} GiB, written {p.bytes_written / 2**20:.1f} MiB")
+    print(memory_lines(p, steps, baseline, budget))
+    print(f"final loss {float(loss):.6f}; data set kept at {os.path.abspath(FLAGS.data_dir)} "
+          f"({_du(FLAGS.data_dir) / 2**20:.0f} MiB; delete the folder to free it)")
     del jnp
 
 
+def memory_lines(p, steps, baseline: int, budget: int) -> str:
+    """Peak RSS of the training loop, split into the runtime's baseline and what jask added.
+
+    ``baseline`` is the RSS of Python, JAX and XLA measured at start-up. The
+    rest of the peak is what the program added since: the jitted step's
+    compiled code and caches (kept from the first step on) and jask's working
+    set, the growth during one step, which the budget bounds. The first step
+    also compiles the step, so it is shown apart.
+    """
+    if p.peak_rss_is_lifetime:
+        return p.memory_line()
+    mib = lambda n: f"{n / 2**20:.0f} MiB"
+    added = max(p.peak_rss_bytes - baseline, 0)
+    lines = [f"memory: peak RSS {mib(p.peak_rss_bytes)} = runtime baseline {mib(baseline)} (Python, JAX, "
+             f"XLA at start-up) + {mib(added)} added since (compiled step, caches, jask's tiles)"]
+    later = [s.working_set_bytes for s in steps[1:]]
+    if later:
+        ok = "within" if max(later) <= budget else "OVER"
+        lines.append(f"        jask's working set: at most {mib(max(later))} per step after the first ({ok} "
+                     f"the budget of {mib(budget)}; planned {mib(p.peak_projected_bytes)}); the first step, "
+                     f"which also compiles it, {mib(steps[0].working_set_bytes)}")
+    return "\n".join(lines)
+
+
+def _du(path: str) -> int:
+    return sum(os.path.getsize(os.path.join(d, f)) for d, _, files in os.walk(path) for f in files)
+
+
 if __name__ == "__main__":
-    app.run(main)
+    from jask import cli
+    cli.run(main)

@@ -1,11 +1,12 @@
 """Profiling and progress for executions.
 
 ``with jask.profile() as p:`` records everything executed inside the block:
-tiles, bytes read and written, seconds spent in I/O (summed over the reader
+tiles read and produced, bytes read and written, seconds spent in I/O (summed over the reader
 and writer threads, so it can exceed wall time when they overlap compute),
 seconds the computation *waited* for I/O, seconds in kernels, wall time and
-the peak resident memory of the process during the block. ``print(p)`` gives
-a short summary.
+the peak resident memory of the process during the block, split into the
+runtime's baseline and what the block added. ``print(p)`` gives a short
+summary.
 
 With ``jask.config.update("progress", True)``, long passes draw a one-line
 progress bar on stderr when stderr is a terminal; in pipes and tests they stay
@@ -26,34 +27,90 @@ from jask.base import executor
 
 @dataclasses.dataclass
 class Profile(executor.Stats):
-    """:class:`jask.base.executor.Stats` plus wall time, I/O wait and peak memory.
+    """:class:`jask.base.executor.Stats` plus wall time, I/O wait, tiles read and memory.
 
-    ``peak_rss_bytes`` is the high-water mark of the process's resident memory
-    during the block (Linux resets it on entry through ``/proc/self/clear_refs``);
-    where it cannot be reset it is the process's lifetime peak and
-    ``peak_rss_is_lifetime`` is True.
+    Counters, named so they cannot be misread:
+
+    - ``output_tiles``: tiles the executed plans produced (a ``sum`` over an
+      8-tile grid produces 1; the inherited ``tiles`` is the same number);
+    - ``input_tiles_read``: tiles read from stored arrays (8 for that ``sum``);
+    - ``bytes_read`` / ``bytes_written``: bytes moved from and to Zarr stores.
+
+    Memory. ``peak_rss_bytes`` is the high-water mark of the process's resident
+    memory during the block (Linux resets it on entry through
+    ``/proc/self/clear_refs``); where it cannot be reset it is the process's
+    lifetime peak and ``peak_rss_is_lifetime`` is True. It splits as
+    ``rss_at_entry_bytes`` + ``working_set_bytes`` (growth during the block:
+    jask's tiles, read-ahead and write buffers, plus anything else the block
+    allocated, such as XLA compiling a new jitted function). When
+    :func:`runtime_baseline` was measured at start-up (the demo and benchmarks
+    do), the entry figure splits further into ``runtime_baseline_bytes``
+    (Python, JAX and XLA before jask did any work) + ``held_at_entry_bytes``;
+    otherwise ``runtime_baseline_bytes`` is 0. The budget bounds jask's tiles,
+    not the runtime.
     """
 
     io_wait_seconds: float = 0.0
     wall_seconds: float = 0.0
+    input_tiles_read: int = 0
     peak_rss_bytes: int = 0
     rss_at_entry_bytes: int = 0
+    runtime_baseline_bytes: int = 0
+    memory_budget_bytes: int = 0
     peak_rss_is_lifetime: bool = False
+
+    def add(self, **counts) -> None:
+        if "bytes_read" in counts:      # the executor reports each tile read as one count
+            self.input_tiles_read += 1
+        super().add(**counts)
+
+    @property
+    def output_tiles(self) -> int:
+        return self.tiles
+
+    @property
+    def held_at_entry_bytes(self) -> int:
+        if not self.runtime_baseline_bytes:
+            return 0
+        return max(self.rss_at_entry_bytes - self.runtime_baseline_bytes, 0)
+
+    @property
+    def working_set_bytes(self) -> int:
+        return max(self.peak_rss_bytes - self.rss_at_entry_bytes, 0)
+
+    def memory_line(self) -> str:
+        """``peak RSS 310 MiB = runtime baseline 250 MiB + jask 60 MiB (budget 61 MiB)``."""
+        if self.peak_rss_is_lifetime:
+            return (f"peak RSS {_fmt_bytes(self.peak_rss_bytes)} (process lifetime: this platform cannot "
+                    f"measure the block alone; budget {_fmt_bytes(self.memory_budget_bytes)})")
+        if self.runtime_baseline_bytes:
+            baseline = min(self.runtime_baseline_bytes, self.rss_at_entry_bytes)
+            parts = [f"runtime baseline {_fmt_bytes(baseline)}"]
+            if self.held_at_entry_bytes >= 2**20:
+                parts.append(f"held at entry {_fmt_bytes(self.held_at_entry_bytes)}")
+        else:
+            parts = [f"{_fmt_bytes(self.rss_at_entry_bytes)} at entry"]
+        parts.append(f"this block {_fmt_bytes(self.working_set_bytes)}")
+        return (f"peak RSS {_fmt_bytes(self.peak_rss_bytes)} = " + " + ".join(parts)
+                + f" (jask budget {_fmt_bytes(self.memory_budget_bytes)})")
 
     def __str__(self) -> str:
         wall = max(self.wall_seconds, 1e-9)
-        parts = [f"{self.tiles} tiles", f"read {_fmt_bytes(self.bytes_read)}",
+        parts = [f"{_plural(self.input_tiles_read, 'input tile')} read ({_fmt_bytes(self.bytes_read)})",
+                 f"{_plural(self.output_tiles, 'output tile')}",
                  f"wrote {_fmt_bytes(self.bytes_written)}", f"in {self.wall_seconds:.3g} s"]
         moved = self.bytes_read + self.bytes_written
         if moved:
             parts[-1] += f" ({_fmt_bytes(moved / wall)}/s)"
         lines = [", ".join(parts),
                  f"I/O {self.io_seconds:.3g} s (waited {self.io_wait_seconds:.3g} s, "
-                 f"{100 * self.io_wait_seconds / wall:.0f}% of wall), compute {self.compute_seconds:.3g} s, "
-                 f"peak RSS {_fmt_bytes(self.peak_rss_bytes)}"
-                 + (" (process lifetime)" if self.peak_rss_is_lifetime else
-                    f" (+{_fmt_bytes(self.peak_rss_bytes - self.rss_at_entry_bytes)} over entry)")]
+                 f"{100 * self.io_wait_seconds / wall:.0f}% of wall), compute {self.compute_seconds:.3g} s",
+                 self.memory_line()]
         return "jask profile: " + "\n              ".join(lines)
+
+
+def _plural(n: int, noun: str) -> str:
+    return f"{n} {noun}" + ("" if n == 1 else "s")
 
 
 def _fmt_bytes(n) -> str:
@@ -63,6 +120,68 @@ def _fmt_bytes(n) -> str:
             return f"{n:.0f} {unit}" if unit == "B" else f"{n:.2f} {unit}"
         n /= 1024
     return f"{n} B"
+
+
+# ---------------------------------------------------------------- runtime baseline
+
+_baseline: int | None = None
+
+
+def runtime_baseline() -> int:
+    """Resident memory of the runtime alone (Python, JAX, XLA, the backend), in bytes; measured once.
+
+    The first call starts JAX's default backend, compiles and runs one tiny
+    jitted function (XLA's compiler is itself ~50 MiB), returns freed memory
+    to the system and reads the RSS; later calls return that number. Call it
+    at start-up, before jask does any work (the demo and the benchmarks do):
+    from then on :func:`profile` reports the runtime's share of peak RSS apart
+    from jask's. 0 where RSS cannot be read.
+    """
+    global _baseline
+    if _baseline is None:
+        import gc
+
+        import jax
+        import jax.numpy as jnp
+
+        from jask.io.malloc import release_free_memory
+        jax.jit(lambda v: v + 1)(jnp.zeros(4, jnp.float32)).block_until_ready()
+        gc.collect()
+        release_free_memory()
+        _baseline = _status_bytes("VmRSS:") or 0
+    return _baseline
+
+
+# ---------------------------------------------------------------- explain
+
+def explain(*arrays) -> str:
+    """The plan a sink would run for these lazy DiskArrays, and where its scratch stores would go.
+
+    Shows the tile edge, stages, fused ops, projected memory, bytes to read and
+    write (:func:`jask.base.executor.explain`) and the scratch folder. Works on
+    any DiskArray outside ``jit``; a result that has already been computed (a
+    ``jax.Array``, such as what ``jask.sum`` returns) is refused with a message
+    saying what to explain instead.
+    """
+    import jax
+
+    from jask.base.array import DiskArray
+    from jask.io.scratch import scratch_location
+    for x in arrays:
+        if isinstance(x, jax.core.Tracer) or (isinstance(x, DiskArray) and x._node is None):
+            raise TypeError("jask.explain got a traced value (inside jit or grad), which has no plan "
+                            "yet; call jask.explain outside jit, on the same expression")
+        if not isinstance(x, DiskArray):
+            kind = "jax.Array" if isinstance(x, jax.Array) else type(x).__name__
+            what = (f"an already computed {kind} of shape {tuple(getattr(x, 'shape', ()))}"
+                    if hasattr(x, "shape") else f"a {type(x).__name__}")
+            raise TypeError(
+                f"jask.explain expects lazy DiskArrays, got {what}. Ops with a scalar result "
+                "(jask.sum) run as soon as they are called, so nothing is left to plan: explain the "
+                "array they reduce (jask.explain(jask.square(x)) for jask.sum(jask.square(x))), "
+                "or measure the call with `with jask.profile() as p:`")
+    where, why = scratch_location()
+    return executor.explain(*arrays) + f"\n  scratch {os.path.abspath(where)} ({why})"
 
 
 # ---------------------------------------------------------------- peak memory
@@ -113,7 +232,8 @@ def profile():
             jask.sum(x)
         print(p)
     """
-    p = Profile()
+    from jask.config import config
+    p = Profile(runtime_baseline_bytes=_baseline or 0, memory_budget_bytes=config.memory_budget)
     with _lock:
         p.rss_at_entry_bytes = _status_bytes("VmRSS:") or 0
         hwm = _vm_hwm()

@@ -32,9 +32,29 @@ settings.register_profile("long", max_examples=500, derandomize=False, **_HYPOTH
 settings.load_profile(os.environ.get("JASK_HYPOTHESIS_PROFILE", "ci"))
 
 
+LEFTOVER_LIMIT = 10 * 2**20   # bytes the suite may leave in its temporary folders (issue 18)
+
+
+def _du(path) -> int:
+    total = 0
+    for d, _, files in os.walk(path):
+        for f in files:
+            try:
+                total += os.lstat(os.path.join(d, f)).st_size
+            except OSError:
+                pass
+    return total
+
+
 @pytest.fixture(scope="session", autouse=True)
-def _session_scratch(tmp_path_factory):
-    """All scratch stores of the run live here; at the end no store may be left behind."""
+def _session_scratch(request, tmp_path_factory):
+    """All scratch stores of the run live here; at the end no store may be left behind.
+
+    Passed tests' ``tmp_path`` folders are deleted as they finish
+    (``tmp_path_retention_policy = "failed"`` in pyproject.toml); when every
+    test passed, less than 10 MB may remain in the session's temporary folder,
+    so a fixture that keeps big stores past its tests is caught here.
+    """
     root = tmp_path_factory.mktemp("jask-scratch")
     jask.set_memory_budget(config.memory_budget, scratch_dir=root)
     yield root
@@ -42,6 +62,12 @@ def _session_scratch(tmp_path_factory):
     gc.collect()
     leftovers = [os.path.join(d, f) for d, dirs, files in os.walk(root) for f in dirs if f.endswith(".zarr")]
     assert not leftovers, f"scratch stores left after the test session: {leftovers[:5]}"
+    if request.session.testsfailed == 0:
+        base = tmp_path_factory.getbasetemp()
+        left = _du(base)
+        big = sorted(((_du(p), p.name) for p in base.iterdir()), reverse=True)[:5]
+        assert left < LEFTOVER_LIMIT, (f"{left / 2**20:.0f} MiB left in {base} after the session "
+                                       f"(largest: {big}); delete big stores when a fixture ends")
 
 
 @pytest.fixture(autouse=True)

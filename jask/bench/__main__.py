@@ -1,6 +1,6 @@
 """The jask benchmark suite: jask against its peers and the physical limits, on the same Zarr stores.
 
-    python -m jask.bench --quick --out=bench-results          # every workload, small, < 2 minutes
+    python -m jask.bench --quick                # every workload, small, < 2 minutes; writes bench-out/
     python -m jask.bench --workload=sum,elementwise --gib=0.5,2 --budget=256MB --repeat=3
     python -m jask.bench --workload=dot --n=4096,8192 --cache=warm
 
@@ -47,13 +47,14 @@ flags.DEFINE_enum("backend", "auto", ["auto", "xla", "pallas", "pallas-interpret
 flags.DEFINE_integer("repeat", 3, "Timed repetitions per system (median, min and max are reported).")
 flags.DEFINE_integer("warmup", 1, "Untimed warm-up repetitions (0 or 1; compiles jitted code).")
 flags.DEFINE_list("peers", ["all"], "Peers to run besides jask: all, or some of " + ", ".join(peers.SYSTEMS[1:]))
-flags.DEFINE_string("out", "bench-results", "Folder for results.json, results.md and the plots.")
+flags.DEFINE_string("out", harness.bench_dir("results"), "Folder for results.json, results.md and the plots "
+                    "(default: $JASK_BENCH_DIR/results, JASK_BENCH_DIR defaulting to bench-out).")
 flags.DEFINE_boolean("quick", False, "Every workload once at a small size, warm cache, one run, "
                      "peers grouped in one process each: a smoke test that finishes in under two minutes.")
 flags.DEFINE_list("cache", [], "Page-cache states: cold (pages dropped with posix_fadvise before each run), "
                   "warm (read once before each run). Default: each workload's own.")
-flags.DEFINE_string("data_dir", os.environ.get("JASK_BENCH_DIR", "bench-data"),
-                    "Folder for the benchmark stores; a real disk (tmpfs is refused except with --quick).")
+flags.DEFINE_string("data_dir", harness.bench_dir("data"), "Folder for the benchmark stores (default: "
+                    "$JASK_BENCH_DIR/data); a real disk (tmpfs is refused except with --quick).")
 flags.DEFINE_enum("layout", "chunk", ["chunk", "shard"], "Store layout: one file per chunk, or one shard "
                   "file per row of chunks (Zarr v3 sharding codec). Both uncompressed.")
 flags.DEFINE_float("time_cap", 20.0, "Stop repeating a system once its runs took this many seconds.")
@@ -283,6 +284,7 @@ def run_suite(suite: Suite):
                 W = workloads.get(name.strip())
                 for params in _sizes(W):
                     harness.shutil_rm(os.path.join(data_dir, f"{W.NAME}-{_slug(params['label'])}"))
+            harness.remove_empty_dirs(data_dir)
     suite.meta.update(finished=datetime.datetime.now().isoformat(timespec="seconds"), load_at_end=os.getloadavg())
     suite.save()
 
@@ -524,4 +526,5 @@ def main(argv):
 
 
 if __name__ == "__main__":
-    app.run(main)
+    from jask import cli
+    cli.run(main)

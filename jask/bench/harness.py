@@ -252,6 +252,24 @@ def _status_kb(field: str) -> int:
     return 0
 
 
+def bench_dir(*parts: str) -> str:
+    """Default place for benchmark files: ``$JASK_BENCH_DIR``, else ``bench-out`` in the working directory.
+
+    One folder (ignored by git) for everything the benchmarks write:
+    ``results/`` for reports, ``data/`` for the stores they generate.
+    """
+    return os.path.join(os.environ.get("JASK_BENCH_DIR") or "bench-out", *parts)
+
+
+def remove_empty_dirs(*paths: str) -> None:
+    """Remove each folder that exists and is empty, in order (pass children before parents)."""
+    for path in paths:
+        try:
+            os.rmdir(path)
+        except OSError:
+            pass
+
+
 def rss() -> int:
     return _status_kb("VmRSS:")
 

@@ -261,4 +261,5 @@ def main(argv):
 
 
 if __name__ == "__main__":
-    app.run(main)
+    from jask import cli
+    cli.run(main)

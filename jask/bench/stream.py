@@ -12,7 +12,10 @@ with ``posix_fadvise(DONTNEED)`` first) and warm (read once before), and the
 raw baseline runs in the same process on the same files: ``readinto`` of every
 chunk or shard file in order into one reused buffer (for ``add``, plus writing
 the same number of bytes to a new file). Data lives under ``--dir``, which
-must be a real disk; it is deleted at the end unless ``--keep``.
+must be a real disk (default ``bench-out/data``); it is deleted at the end unless
+``--keep``. Peak RSS is split into the process's RSS when the pass began (the
+runtime baseline plus inputs and caches) and the growth during the pass, which
+is what the memory budget bounds.
 
 ``--op=readers`` compares the ways of reading tiles side by side: direct
 ``preadv`` of uncompressed chunks (:class:`jask.io.reader.TileReader`),
@@ -28,7 +31,7 @@ import sys
 import time
 
 import numpy as np
-from absl import app, flags
+from absl import flags
 
 from jask.bench import harness
 
@@ -37,7 +40,8 @@ flags.DEFINE_enum("op", "sum", ["sum", "add", "dot", "readers"], "What to measur
                   "kernel much more expensive than its reads).")
 flags.DEFINE_float("gib", 2.0, "Size of each input array in GiB.")
 flags.DEFINE_string("budget", "256MB", "jask memory budget.")
-flags.DEFINE_string("dir", "/work/bench-data", "Folder for the benchmark stores (a real disk, not tmpfs).")
+flags.DEFINE_string("dir", harness.bench_dir("data"), "Folder for the benchmark stores (a real disk, not tmpfs; "
+                    "default: $JASK_BENCH_DIR/data, JASK_BENCH_DIR defaulting to bench-out).")
 flags.DEFINE_list("layout", ["shard"], "Input layouts: shard (uncompressed, sharded), chunk "
                   "(uncompressed, one file per chunk), zstd (zstd-compressed chunks).")
 flags.DEFINE_list("cache", ["cold", "warm"], "Page-cache states to measure: cold, warm.")
@@ -160,8 +164,8 @@ def _row(label, seconds, nbytes, base=None, p=None):
         line += f"  {100 * rate / base:5.1f}% of raw"
     if p is not None:
         line += (f"  io-wait {100 * p.io_wait_seconds / max(seconds, 1e-9):4.1f}%"
-                 f"  peak RSS {p.peak_rss_bytes / 2**20:5.0f} MiB"
-                 f" (+{(p.peak_rss_bytes - p.rss_at_entry_bytes) / 2**20:.0f})")
+                 f"  peak RSS {p.peak_rss_bytes / 2**20:5.0f} MiB = entry {p.rss_at_entry_bytes / 2**20:.0f}"
+                 f" + pass {p.working_set_bytes / 2**20:.0f} MiB")
     print(line, flush=True)
     return rate
 
@@ -301,13 +305,19 @@ def main(argv):
     from jask.io.scratch import filesystem_type
     if filesystem_type(root) in ("tmpfs", "ramfs"):
         sys.exit(f"--dir {root} is on {filesystem_type(root)}; use a folder on a real disk")
-    print(f"jask.bench.stream: {os.cpu_count()} cpus, data in {root}", flush=True)
+    import jask
+    print(f"jask.bench.stream: {os.cpu_count()} cpus, data in {root}, budget {FLAGS.budget}, "
+          f"runtime baseline RSS {jask.runtime_baseline() / 2**20:.0f} MiB", flush=True)
     for layout in FLAGS.layout:
         if FLAGS.op == "readers":
             bench_readers(layout, root)
         else:
             bench_op(FLAGS.op, layout, root)
+    if not FLAGS.keep:
+        default = root == os.path.abspath(harness.bench_dir("data"))
+        harness.remove_empty_dirs(os.path.join(root, "scratch"), root, *([os.path.dirname(root)] if default else []))
 
 
 if __name__ == "__main__":
-    app.run(main)
+    from jask import cli
+    cli.run(main)

@@ -1,5 +1,11 @@
 """Scratch space for op outputs and gradients.
 
+Where: ``JASK_SCRATCH_DIR`` or ``set_memory_budget(..., scratch_dir=...)`` when
+set; otherwise ``$TMPDIR/jask-scratch``, unless ``$TMPDIR`` (``/tmp``) is on
+tmpfs, which lives in RAM and would defeat the memory budget: then the user
+cache directory, ``$XDG_CACHE_HOME/jask/scratch`` (``~/.cache/jask/scratch``).
+:func:`scratch_location` says which was chosen and why.
+
 Each process gets its own folder ``<scratch_dir>/jask-<pid>-<token>``. Stores in
 it are deleted when the arrays that own them are garbage collected, and the
 folder itself at interpreter exit. Folders whose owner pid is dead (a killed
@@ -38,23 +44,50 @@ def filesystem_type(path: str) -> str:
     return fstype
 
 
-def check_scratch_dir(path: str, allow_tmpfs: bool) -> None:
-    """Refuse a scratch dir on a RAM-backed filesystem unless explicitly allowed."""
-    probe = path
+def _fstype_of(path: str) -> str:
+    """Filesystem type of ``path``, or of its nearest existing parent if it does not exist yet."""
+    probe = os.path.abspath(path)
     while probe and not os.path.exists(probe):
         probe = os.path.dirname(probe)
-    fstype = filesystem_type(probe or path)
+    return filesystem_type(probe or path)
+
+
+def cache_scratch_dir() -> str:
+    """The on-disk fallback: ``$XDG_CACHE_HOME/jask/scratch``, else ``~/.cache/jask/scratch``."""
+    cache = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    return os.path.join(cache, "jask", "scratch")
+
+
+def check_scratch_dir(path: str, allow_tmpfs: bool) -> None:
+    """Refuse a scratch dir on a RAM-backed filesystem unless explicitly allowed."""
+    fstype = _fstype_of(path)
     if fstype in _RAM_FILESYSTEMS and not allow_tmpfs:
+        fallback = cache_scratch_dir()
+        hint = (f"the default when $TMPDIR is on tmpfs is {fallback!r}; "
+                if _fstype_of(fallback) not in _RAM_FILESYSTEMS else "")
         raise ValueError(
-            f"scratch dir {path!r} is on {fstype}, which lives in RAM and would defeat "
-            "the memory budget; pass allow_tmpfs=True to use it anyway")
+            f"scratch dir {path!r} is on {fstype}, which lives in RAM and would defeat the memory "
+            f"budget; choose a folder on a real disk with JASK_SCRATCH_DIR or "
+            f"jask.set_memory_budget(..., scratch_dir=...) ({hint}leave both unset to use it), "
+            "or pass allow_tmpfs=True to use it anyway")
+
+
+def scratch_location() -> tuple[str, str]:
+    """The scratch root the next store would use, and why it was chosen (a short phrase)."""
+    from jask.config import config
+    if config.scratch_dir:
+        source = "JASK_SCRATCH_DIR" if config.scratch_dir == os.environ.get("JASK_SCRATCH_DIR") \
+            else "set_memory_budget(scratch_dir=...)"
+        return config.scratch_dir, f"from {source}"
+    temp = os.path.join(tempfile.gettempdir(), "jask-scratch")
+    fstype = _fstype_of(temp)
+    if fstype in _RAM_FILESYSTEMS and not config.allow_tmpfs:
+        return cache_scratch_dir(), f"default: {os.path.dirname(temp)} is on {fstype}, so the user cache dir"
+    return temp, "default: $TMPDIR/jask-scratch"
 
 
 def _default_root() -> str:
-    from jask.config import config
-    if config.scratch_dir:
-        return config.scratch_dir
-    return os.path.join(tempfile.gettempdir(), "jask-scratch")
+    return scratch_location()[0]
 
 
 def pid_alive(pid: int) -> bool:
@@ -92,12 +125,23 @@ def process_dir() -> str:
     root = _default_root()
     if _process_dir is None or os.path.dirname(_process_dir) != os.path.abspath(root):
         check_scratch_dir(root, config.allow_tmpfs)
+        created_root = not os.path.isdir(root)
         os.makedirs(root, exist_ok=True)
         remove_stale(root)
         _process_dir = os.path.join(os.path.abspath(root), f"jask-{os.getpid()}-{secrets.token_hex(4)}")
         os.makedirs(_process_dir)
-        atexit.register(shutil.rmtree, _process_dir, True)
+        atexit.register(_remove_process_dir, _process_dir, created_root)
     return _process_dir
+
+
+def _remove_process_dir(path: str, remove_root: bool) -> None:
+    """At exit: delete this process's folder, and the root too if this process made it and it is empty."""
+    shutil.rmtree(path, ignore_errors=True)
+    if remove_root:
+        try:
+            os.rmdir(os.path.dirname(path))     # fails harmlessly while other processes' folders are there
+        except OSError:
+            pass
 
 
 def new_path(tag: str = "array") -> str:
