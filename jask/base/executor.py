@@ -121,6 +121,7 @@ class Stats:
     tiles: int = 0
     windows: int = 0
     kernel_calls: int = 0
+    xla_fallback_calls: int = 0        # window programs a Pallas backend could not run here, run by xla
     bytes_read: int = 0
     bytes_written: int = 0
     arrays_written: int = 0
@@ -466,6 +467,7 @@ class Executor:
         self.plan = p
         self.tile = p.tile
         self.backend = kernels.get_backend()
+        self.backend.check_settings("+".join(p.prepared[id(n)].name for n in p.fused + p.stages))
         self.device = compute_device()
         # On an accelerator the reader threads start each tile's host-to-device copy (asynchronous),
         # so the next window's transfer overlaps this window's kernel; the host keeps NumPy tiles.

@@ -15,6 +15,8 @@ import jax.numpy as jnp
 import numpy as np
 
 from jask.base.fusion import FusedTileOp, _is_plain, _Same
+from jask.kernels import xla
+from jask.kernels.legality import WindowNotLegal
 
 _KERNEL_CACHE_SIZE = 512
 
@@ -31,13 +33,20 @@ class Kernels:
         self._combines: dict = {}
 
     def program(self, backend, call):
+        """``(program, fell_back)``: the backend's window program, or the xla one where the backend
+        cannot run this window on its platform (a Pallas block that fits no legal shape)."""
         key = (backend.name, call.program.key(), call.spec)
-        fn = self._programs.get(key)
-        if fn is None:
-            fn = self._programs[key] = backend.compile_window(_identity_op(call.program), call.spec)
+        entry = self._programs.get(key)
+        if entry is None:
+            op = _identity_op(call.program)
+            try:
+                entry = (backend.compile_window(op, call.spec), False)
+            except WindowNotLegal:
+                entry = (xla.compile_window(op, call.spec), True)
+            self._programs[key] = entry
             while len(self._programs) > _KERNEL_CACHE_SIZE:
                 self._programs.pop(next(iter(self._programs)))
-        return fn
+        return entry
 
     def combine(self, root_op):
         key = _Same(root_op)
@@ -97,7 +106,7 @@ class WindowRunner:
         return finished
 
     def _call(self, call, values):
-        program = kernels_cache.program(self.backend, call)
+        program, fell_back = kernels_cache.program(self.backend, call)
         stacks = []
         for j, keys in enumerate(call.rows):
             dtype = np.dtype(call.spec.leaf_dtypes[j])
@@ -105,7 +114,7 @@ class WindowRunner:
         table = jax.device_put(call.table, self.device)
         valid = jax.device_put(call.valid, self.device)
         out = program(stacks, table, valid)
-        self.count(kernel_calls=1, devices=frozenset(out.devices()))
+        self.count(kernel_calls=1, xla_fallback_calls=int(fell_back), devices=frozenset(out.devices()))
         combine = kernels_cache.combine(call.program.root_op)
         # Partials stay in the accumulator dtype; a consumer's stack casts them to the node's dtype.
         store = self.acc if id(call.node) in self.stage_ids else values

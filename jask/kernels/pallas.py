@@ -305,15 +305,17 @@ class PallasBackend:
                 "check the Pallas lowering on CPU")
         return p
 
-    def compile(self, op) -> PallasKernel:
+    def check_settings(self, label: str = "jask") -> None:
+        """Refuse, before any tile is read, settings this backend cannot honour here (``label``: the ops)."""
         from jask.config import config
-        platform = self.platform()
-        if platform == "gpu" and config.tile is not None and not _pow2(config.tile):
-            label = getattr(op, "label", type(op).__name__.lower())
+        if self.platform() == "gpu" and config.tile is not None and not _pow2(config.tile):
             raise ValueError(f"{label}: tile {config.tile} set with jask.config.update('tile', ...) "
                              "is illegal for Pallas on GPU (Triton needs power-of-two blocks); "
                              "choose a power of two")
-        return PallasKernel(op, platform, self.interpret)
+
+    def compile(self, op) -> PallasKernel:
+        self.check_settings(getattr(op, "label", type(op).__name__.lower()))
+        return PallasKernel(op, self.platform(), self.interpret)
 
     def target(self) -> str:
         """Whose rules window programs follow: ``tpu`` (also in interpret mode) or ``gpu``."""
