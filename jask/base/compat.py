@@ -35,13 +35,14 @@ _HiPrimBase = getattr(_hijax, "HiPrim", None) or getattr(_hijax, "VJPHiPrimitive
 class HiPrimitive(_HiPrimBase):
     """Base of every jask hi-primitive, whichever name this JAX gives the hijax class.
 
-    ``skip_linearization_on_zero_tangents``: jax 0.11+ calls a hi-primitive's
-    ``vjp_fwd`` under ``grad`` even when none of its inputs carries a tangent
-    (an op on closed-over DiskArrays); 0.10.2 binds the primitive plainly
-    then. jask asks for the 0.10.2 behaviour everywhere: a constant op needs
-    no residuals, and a backward primitive (whose ``vjp_fwd`` refuses
-    second-order gradients) may run inside a grad that does not differentiate it.
-    The attribute is ignored by 0.10.2.
+    ``skip_linearization_on_zero_tangents``: jax 0.11.x and 0.12.x call a
+    hi-primitive's ``vjp_fwd`` under ``grad`` even when none of its inputs
+    carries a tangent; 0.10.2 binds the primitive plainly then, and so does
+    0.11+ with this flag (0.10.2 ignores it). Without it, an inner
+    ``jax.grad`` of a jask loss inside an outer ``jax.grad`` that does not
+    differentiate it fails: the inner gradient's backward primitive is
+    linearized by the outer grad and its ``vjp_fwd`` refuses second-order
+    gradients (tests/test_compat.py).
     """
 
     skip_linearization_on_zero_tangents = True
