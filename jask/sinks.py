@@ -34,7 +34,7 @@ class _ToMemory:
         return executor.run([node], lambda n, tile: executor.MemorySink(n, tile))
 
 
-class MaterializePrimitive(compat.VJPHiPrimitive):
+class MaterializePrimitive(compat.HiPrimitive):
     """``materialize`` under jit: the one op whose output is a full in-memory array, by request."""
 
     def __init__(self, in_type):
@@ -157,7 +157,7 @@ class _Persist:
         return tuple(executor.run(nodes))
 
 
-class PersistPrimitive(compat.VJPHiPrimitive):
+class PersistPrimitive(compat.HiPrimitive):
     """``persist`` under jit: compute arrays into scratch now (or with the next run); the identity for gradients."""
 
     def __init__(self, types, defer=False):

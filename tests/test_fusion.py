@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 import jask
-from jask.base import BlockParallelOp
+from jask.base import BlockParallelOp, compat
 from jask.base.base_algo import make_op
 from test_ops import _RUNNERS, _mat, _scalar
 
@@ -119,8 +119,9 @@ def test_its_gradient_reads_inputs_once_more_and_writes_exactly_the_gradients(sm
     with jask.profile() as p:
         da, db = jax.jit(jax.grad(lambda a, b: jask.sum(jask.square(a - b)), argnums=(0, 1)))(a, b)
         jask.persist(da, db)
-    # the loss pass reads a and b; the gradient pass reads them once more
-    assert p.bytes_read == 2 * (A.nbytes + B.nbytes)
+    # the loss pass reads a and b (unless JAX drops the unused loss); the gradient pass reads them once more
+    passes = 1 if compat.UNUSED_OPS_SKIPPED_UNDER_JIT else 2
+    assert p.bytes_read == passes * (A.nbytes + B.nbytes)
     assert p.bytes_written == A.nbytes + B.nbytes and p.arrays_written == 2
 
 

@@ -7,6 +7,7 @@ import pytest
 
 import jask
 import jask.optim
+from jask.base import compat
 
 
 @pytest.fixture
@@ -87,7 +88,8 @@ def test_adam_moments_are_stored_not_recomputed(regression):
 def test_adam_step_reads_parameters_gradient_inputs_and_moments_once(tmp_path):
     """One jitted step and ``update_``: a pass reads W, T, m, v once and writes W, m, v.
 
-    The loss pass of ``jax.grad`` reads W and T once more (its value is computed, then unused).
+    The loss pass of ``jax.grad`` reads W and T once more (its value is computed, then unused), except
+    on a JAX that drops unused ops under jit (``compat.UNUSED_OPS_SKIPPED_UNDER_JIT``).
     """
     jask.config.update("tile", 16)
     rng = np.random.default_rng(0)
@@ -113,7 +115,8 @@ def test_adam_step_reads_parameters_gradient_inputs_and_moments_once(tmp_path):
         u, ref_state = ref_opt.update(2 * (ref - T), ref_state, ref)
         ref = optax.apply_updates(ref, u)
         moments_read = 0 if i == 0 else 2 * S            # step 0's moments are zeros: nothing stored
-        assert (p.bytes_read, p.bytes_written) == (2 * S + 2 * S + moments_read, 3 * S)
+        loss_pass = 0 if compat.UNUSED_OPS_SKIPPED_UNDER_JIT else 2 * S
+        assert (p.bytes_read, p.bytes_written) == (loss_pass + 2 * S + moments_read, 3 * S)
         assert p.arrays_written == 3
     np.testing.assert_allclose(np.asarray(w), ref, rtol=1e-5, atol=1e-6)
     np.testing.assert_allclose(np.asarray(state.mu), ref_state[0].mu, rtol=1e-5, atol=1e-6)

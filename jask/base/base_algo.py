@@ -92,7 +92,7 @@ def output_type(spec: OpSpec, op, types):
     return DiskArrayType(shape, dtype)
 
 
-class OpPrimitive(compat.VJPHiPrimitive):
+class OpPrimitive(compat.HiPrimitive):
     """One application of a BlockParallelOp (or CustomOp) to DiskArrays."""
 
     def __init__(self, spec: OpSpec, in_types, out_type):
@@ -126,7 +126,7 @@ class OpPrimitive(compat.VJPHiPrimitive):
                                   "not supported; use jax.grad")
 
 
-class BackwardPrimitive(compat.VJPHiPrimitive):
+class BackwardPrimitive(compat.HiPrimitive):
     """Gradients of one op application for the inputs in ``wanted``: lazy GradOp nodes."""
 
     def __init__(self, spec, in_types, out_type, wanted):

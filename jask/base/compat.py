@@ -1,28 +1,71 @@
 """The one place jask touches ``jax.experimental.hijax`` and other private JAX APIs.
 
-hijax is experimental and its surface moves between releases (0.10.2 in CI,
-0.11.x on accelerator machines). Every other module imports these names from
-here, so a version difference is fixed in one file.
+hijax is experimental and its surface moves between releases. jask is tested
+on jax 0.10.2 (CI, Python 3.11), 0.11.2 and 0.12.0.1. Every other module
+imports these names from here, so a version difference is fixed in one file;
+each difference below has its own section naming the versions it concerns.
 """
 from __future__ import annotations
 
 import jax
 from jax.experimental import hijax as _hijax
 
+JAX_VERSION = tuple(int(p) for p in jax.__version__.split(".")[:3] if p.isdigit())
+
+# Names unchanged in 0.10.2, 0.11.x and 0.12.x.
 HiType = _hijax.HiType
-VJPHiPrimitive = _hijax.VJPHiPrimitive
 register_hitype = _hijax.register_hitype
 ShapedArray = jax.core.ShapedArray
 aval_property = _hijax.aval_property
 aval_method = _hijax.aval_method
 Tracer = jax.core.Tracer
+Zero = _hijax.Zero  # symbolic-zero cotangent
 
-try:  # symbolic-zero cotangents and gradient accumulators
-    from jax._src.ad_util import Zero
+
+# --- Hi-primitive base class -------------------------------------------------
+# jax 0.10.2: ``hijax.VJPHiPrimitive``. jax 0.11.x, 0.12.x: renamed ``hijax.HiPrim``
+# (same contract for what jask uses: in_avals/out_aval/params set before
+# ``super().__init__()``, ``expand``, ``vjp_fwd``, ``vjp_bwd`` or
+# ``vjp_bwd_retval``, ``batch``). 0.12 also drops the default ``batch`` (it
+# raises), changes the ``dce``/``remat`` hooks' signatures and prints
+# ``params`` in jaxprs; jask overrides none of those hooks.
+_HiPrimBase = getattr(_hijax, "HiPrim", None) or getattr(_hijax, "VJPHiPrimitive")
+
+
+class HiPrimitive(_HiPrimBase):
+    """Base of every jask hi-primitive, whichever name this JAX gives the hijax class.
+
+    ``skip_linearization_on_zero_tangents``: jax 0.11.x and 0.12.x call a
+    hi-primitive's ``vjp_fwd`` under ``grad`` even when none of its inputs
+    carries a tangent; 0.10.2 binds the primitive plainly then, and so does
+    0.11+ with this flag (0.10.2 ignores it). Without it, an inner
+    ``jax.grad`` of a jask loss inside an outer ``jax.grad`` that does not
+    differentiate it fails: the inner gradient's backward primitive is
+    linearized by the outer grad and its ``vjp_fwd`` refuses second-order
+    gradients (tests/test_compat.py).
+    """
+
+    skip_linearization_on_zero_tangents = True
+
+
+# --- Gradient accumulators given to vjp_bwd ----------------------------------
+# jax 0.10.2: only in ``jax._src.interpreters.ad``. jax 0.11.x, 0.12.x: exported by hijax.
+if hasattr(_hijax, "GradAccum"):
+    GradAccum, NullAccum = _hijax.GradAccum, _hijax.NullAccum
+else:
     from jax._src.interpreters.ad import GradAccum, NullAccum
-except ImportError:  # pragma: no cover - layout change in a future jax
-    Zero = _hijax.Zero
-    GradAccum = NullAccum = None
+
+
+# --- Unused op results under jit ---------------------------------------------
+# jax 0.12.x: lowering a jitted function first dead-code-eliminates its high-level
+# jaxpr (``partial_eval.lower_jaxpr`` calls ``dce_jaxpr`` before expanding
+# hi-primitives), so a jask op whose result is unused never runs: under
+# ``jit(grad(loss))`` the loss value itself is not computed.
+# jax 0.10.2, 0.11.x: hi-primitives are expanded first, into ordered io_callbacks
+# that are never eliminated, so every op traced under jit runs.
+# jask's primitives declare no effects: skipping an unused one is correct, it
+# only changes how many bytes a step reads (tests count them).
+UNUSED_OPS_SKIPPED_UNDER_JIT = JAX_VERSION >= (0, 12)
 
 
 def is_traced(x) -> bool:
@@ -31,10 +74,8 @@ def is_traced(x) -> bool:
 
 
 def wants_grad(accum) -> bool:
-    """True when a VJP accumulator slot asks for a gradient (not a NullAccum)."""
-    if NullAccum is not None and isinstance(accum, NullAccum):
-        return False
-    return GradAccum is None or isinstance(accum, GradAccum)
+    """True when a VJP accumulator slot asks for a gradient (a GradAccum, not a NullAccum)."""
+    return isinstance(accum, GradAccum) and not isinstance(accum, NullAccum)
 
 
 def is_zero_cotangent(ct) -> bool:

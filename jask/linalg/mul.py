@@ -121,7 +121,7 @@ class _ScalarMulBackward:
         return tuple(outs)
 
 
-class HiScalarMul(compat.VJPHiPrimitive):
+class HiScalarMul(compat.HiPrimitive):
     """``a * s`` for a DiskArray ``a`` and a (possibly traced) JAX scalar ``s``."""
 
     def __init__(self, a_type, s_type):
@@ -155,7 +155,7 @@ class HiScalarMul(compat.VJPHiPrimitive):
         raise NotImplementedError("jax.vmap of jask.mul is not supported")
 
 
-class HiScalarMulBackward(compat.VJPHiPrimitive):
+class HiScalarMulBackward(compat.HiPrimitive):
     """Gradients of ``a * s``: a lazy DiskArray ``g * s`` and the scalar ``sum(g * a)`` (a reduction)."""
 
     def __init__(self, a_type, s_type, want_a, want_s):
