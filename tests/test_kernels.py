@@ -102,15 +102,27 @@ def test_tile_program_contains_pallas_call():
 
 
 def test_executor_runs_pallas_kernels(small_tiles, monkeypatch):
-    """Under pallas-interpret the executor's tiles really go through pallas_call."""
-    calls = []
-    real = P.PallasKernel.run_group
-    monkeypatch.setattr(P.PallasKernel, "run_group", lambda self, sig, g: calls.append(len(g)) or real(self, sig, g))
+    """Under pallas-interpret the executor's windows really go through pallas_call, with no xla fallback."""
+    programs = []
+    real = P.PallasBackend.compile_window
+
+    def spy(self, op, spec):
+        program = real(self, op, spec)
+        programs.append((program, spec))
+        return program
+
+    monkeypatch.setattr(P.PallasBackend, "compile_window", spy)
+    from jask.exec.run_windows import kernels_cache
+    monkeypatch.setattr(kernels_cache, "_programs", {})
     jask.config.update("backend", "pallas-interpret")
     A, B = _rand((9, 6)), _rand((6, 5), 1)
-    out = np.asarray(jask.dot(jask.from_numpy(A), jask.from_numpy(B)))
+    with jask.profile() as p:
+        out = np.asarray(jask.dot(jask.from_numpy(A), jask.from_numpy(B)))
     np.testing.assert_allclose(out, A @ B, rtol=RTOL, atol=ATOL)
-    assert calls
+    assert programs and p.xla_fallback_calls == 0 and p.kernel_calls >= len(programs)
+    program, spec = programs[0]
+    stacks, table, valid = spec.operand_structs()
+    assert str(jax.make_jaxpr(program)(stacks, table, valid)).count("pallas_call") == 1
 
 
 # ---------------------------------------------------------------- the seam: output_tile

