@@ -275,3 +275,21 @@ def round(a, decimals=0):  # noqa: A001
 def astype(x, dtype):
     """``x`` converted to ``dtype`` (the gradient is converted back, as in JAX)."""
     return _astype(x, dtype=np.dtype(jnp.dtype(dtype)))
+
+
+class _Detached(Elementwise):
+    """The identity with no gradient: ``jax.lax.stop_gradient`` does not accept DiskArrays."""
+
+    nondiff_inputs = (0,)
+
+
+def _identity(x):
+    return x
+
+
+_detach = make_op(_Detached, name="stop_gradient")
+
+
+def stop_gradient(x):
+    """``x`` as a constant for differentiation (a fused identity; its gradient is zero)."""
+    return _detach(x, fn=_identity, name="stop_gradient")
