@@ -49,6 +49,8 @@ ISSUE_NAMES = set("""add subtract multiply divide true_divide floor_divide power
     rsqrt square sin cos tanh sigmoid maximum minimum where clip sign floor ceil round isnan isfinite logical_and
     logical_or logical_not logical_xor equal not_equal less less_equal greater greater_equal""".split())
 
+GRAD_SAMPLE = {"logaddexp", "arctan2", "remainder", "arccosh", "reciprocal", "isinf"}
+
 
 def test_every_issue_name_is_covered():
     assert ISSUE_NAMES <= {n for n, _ in NAMES}
@@ -57,7 +59,8 @@ def test_every_issue_name_is_covered():
 @pytest.mark.parametrize("name, domains", NAMES, ids=[n for n, _ in NAMES])
 def test_elementwise_name(small_tiles, name, domains):
     """Value and dtype as jnp; gradient of sum(f * W) as jax.grad of the jnp version (float outputs);
-    for bool outputs, grad through ``astype`` of the comparison is that comparison, and does not crash."""
+    for bool outputs, grad through ``astype`` of the comparison is that comparison, and does not crash.
+    Names beyond the issue's list share the one mechanism: their gradient is checked for a sample only."""
     shapes = [SHAPE] + [ROW if len(domains) == 2 else SHAPE] * (len(domains) - 1)
     if name == "clip":
         shapes = [SHAPE, ROW, (5, 1)]
@@ -71,6 +74,8 @@ def test_elementwise_name(small_tiles, name, domains):
     out, want = fn(*xs), ref(*rs)
     assert isinstance(out, jask.DiskArray) and out.shape == want.shape and out.dtype == want.dtype
     np.testing.assert_allclose(np.asarray(out), np.asarray(want), rtol=RTOL, atol=ATOL)
+    if name not in ISSUE_NAMES | GRAD_SAMPLE:
+        return
     argnums = tuple(i for i, d in enumerate(data) if d.dtype == np.float32)
     if jnp.issubdtype(want.dtype, jnp.floating):
         W = np.random.default_rng(0).standard_normal(want.shape).astype(np.float32)

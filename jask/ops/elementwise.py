@@ -59,6 +59,8 @@ class Elementwise(BlockParallelOp):
                              f"{', '.join(map(str, self.shapes))} it returned {out}, not one array of shape "
                              f"{self.out_shape}")
         self.out_dtype = np.dtype(out.dtype)
+        if jnp.issubdtype(self.out_dtype, jnp.complexfloating):
+            raise TypeError(f"{name} would give a complex result ({self.out_dtype}); jask stores no complex dtypes")
 
     @classmethod
     def from_inputs(cls, *inputs, fn, consts=(), params=(), name="elementwise"):
