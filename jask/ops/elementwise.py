@@ -25,6 +25,10 @@ from jask.base import BlockParallelOp
 from jask.base.array import is_disk_array
 from jask.base.base_algo import is_scalar_operand, make_op
 from jask.base.compat import is_traced
+from jask.linalg.add import add as _seed_add
+from jask.linalg.mul import mul as _seed_mul
+from jask.linalg.sub import sub as _seed_sub
+from jask.sources import from_numpy
 
 _PYTHON_SCALARS = (bool, int, float, complex)
 
@@ -115,7 +119,6 @@ def _operands(name, args):
         elif x is None or isinstance(x, _PYTHON_SCALARS):
             consts.append((pos, x))
         elif isinstance(x, (np.ndarray, jax.Array, list, tuple)) and not is_traced(x):
-            from jask.sources import from_numpy
             operands.append(from_numpy(np.asarray(x)))   # in-memory operand: written to scratch once
         elif is_traced(x):
             raise NotImplementedError(
@@ -170,9 +173,7 @@ def _fast(op_name):
     """The seed's hand-written op for two DiskArrays of one shape and dtype (equal values, fused by name)."""
     def fast(*args):
         if _same_arrays(*args):
-            import jask.linalg.add, jask.linalg.mul, jask.linalg.sub  # noqa: E401 - the seed's ops
-            return {"add": jask.linalg.add.add, "sub": jask.linalg.sub.sub,
-                    "mul": jask.linalg.mul.mul}[op_name](*args)
+            return {"add": _seed_add, "sub": _seed_sub, "mul": _seed_mul}[op_name](*args)
         return None
     return fast
 

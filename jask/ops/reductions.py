@@ -27,6 +27,7 @@ from jask.base import BlockParallelOp
 from jask.base.array import is_disk_array, type_of
 from jask.base.base_algo import make_op
 from jask.ops import elementwise as ew
+from jask.sources import from_numpy
 
 
 def normalize_axis(axis, ndim, name="reduction") -> tuple[int, ...]:
@@ -252,7 +253,6 @@ def logsumexp(a, axis=None, b=None, keepdims=False, return_sign=False, where=Non
 
 def _arg_extremum(name, op, a, axis, keepdims):
     """Index of the first extremum (first NaN if any, as jnp): min over positions where the value hits."""
-    from jask.sources import from_numpy
     t = type_of(a)
     if t.size == 0:
         raise ValueError(f"{name} of an empty array")
