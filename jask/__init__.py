@@ -16,6 +16,7 @@ from jask.linalg.sub import sub
 from jask.linalg.sum import sum  # noqa: A004
 from jask.linalg.transpose import transpose
 from jask.profile import explain, profile, runtime_baseline
+from jask import numpy  # noqa: E402 - jax.numpy's API over DiskArrays
 from jask.sinks import materialize, persist, rechunk, to_zarr, update_
 from jask.sources import from_numpy, from_zarr
 
@@ -23,6 +24,6 @@ __version__ = "0.1.0"
 
 __all__ = [
     "DiskArray", "Stats", "add", "cleanup_scratch", "config", "dot", "explain", "from_numpy", "from_zarr",
-    "materialize", "mul", "persist", "profile", "rechunk", "runtime_baseline", "set_memory_budget", "square",
-    "sub", "sum", "to_zarr", "transpose", "update_",
+    "materialize", "mul", "numpy", "persist", "profile", "rechunk", "runtime_baseline", "set_memory_budget",
+    "square", "sub", "sum", "to_zarr", "transpose", "update_",
 ]

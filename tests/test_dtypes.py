@@ -135,11 +135,14 @@ def test_gradients_eager_and_jit(small_tiles):
 @pytest.mark.parametrize("dtype", [BF16, np.dtype(np.float16)], ids=["bfloat16", "float16"])
 @pytest.mark.parametrize("factor", [2.5, np.float32(2.5), jnp.float32(2.5)], ids=["python", "numpy_f32", "jax_f32"])
 def test_scalar_factor_keeps_low_precision_dtype(small_tiles, dtype, factor):
-    """The stated promotion rule: a scalar never widens a float array (jnp would give float32 for f32 scalars)."""
+    """jask.mul's rule: a scalar never widens a float array. The ``*`` operator promotes as jnp does."""
     A = _rand((5, 7), 13, dtype)
-    out = jask.from_numpy(A) * factor
+    out = jask.mul(jask.from_numpy(A), factor)
     assert out.dtype == dtype
     np.testing.assert_array_equal(_bits(out), _bits((jnp.asarray(A) * jnp.asarray(2.5, dtype))))
+    out, want = jask.from_numpy(A) * factor, jnp.asarray(A) * factor
+    assert out.dtype == want.dtype
+    np.testing.assert_array_equal(np.asarray(out), np.asarray(want))
 
 
 # ---------------------------------------------------------------- the read path

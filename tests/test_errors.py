@@ -84,7 +84,7 @@ def test_mismatched_low_precision_dtypes(small_tiles, op, first, second):
     (lambda a: jask.add(a, a, a), "add takes 2 DiskArray arguments, got 3"),
     (lambda a: jask.dot(a), "dot takes 2 DiskArray arguments, got 1"),
     (lambda a: jask.square(a, a), "square takes 1 DiskArray argument, got 2"),
-    (lambda a: jask.sum(a, axis=0), "sum got unexpected keyword argument 'axis'; it takes no keyword arguments"),
+    (lambda a: jask.sum(a, axes=0), "sum() got an unexpected keyword argument 'axes'"),
     (lambda a: jask.transpose(a, perm=(1, 0)),
      "transpose got unexpected keyword argument 'perm'; it takes keyword arguments: axes"),
     (lambda a: jask.add(a, a, alpha=2), "add got unexpected keyword argument 'alpha'"),
@@ -148,23 +148,29 @@ def test_single_input_ops_reject_non_diskarray():
 
 
 def test_mul_non_finite_python_scalar(small_tiles):
-    a = _arr((5, 7))
+    """jask.mul refuses a non-finite factor; the ``*`` operator follows jnp (NaN and inf propagate)."""
+    A = _rand((5, 7))
+    a = jask.from_numpy(A)
     for bad in (float("nan"), float("inf"), -float("inf")):
         with pytest.raises(ValueError, match="not finite"):
             jask.mul(a, bad)
-        with pytest.raises(ValueError, match="not finite"):
-            bad * a
+        np.testing.assert_array_equal(np.asarray(bad * a), np.asarray(bad * jnp.asarray(A)))
 
 
 @pytest.mark.parametrize("bad", [jnp.float32(np.nan), jnp.float32(-np.inf), jnp.asarray(np.inf, jnp.bfloat16),
                                  np.float16(np.inf)], ids=["jax_nan", "jax_-inf", "jax_bf16_inf", "numpy_f16_inf"])
 def test_mul_non_finite_concrete_scalar(small_tiles, bad):
-    """A concrete JAX or NumPy scalar is checked like a Python number, before any op is added."""
-    a = _arr((5, 7))
+    """jask.mul checks a concrete JAX or NumPy scalar like a Python number; ``*`` follows jnp."""
+    A = _rand((5, 7))
+    a = jask.from_numpy(A)
     with pytest.raises(ValueError, match=r"mul: scalar factor .*(nan|inf).* is not finite"):
-        a * bad
+        jask.mul(a, bad)
     with pytest.raises(ValueError, match="is not finite"):
         jask.mul(bad, a)
+    want = jnp.asarray(A) * bad
+    out = np.asarray(a * bad)
+    assert out.dtype == want.dtype
+    np.testing.assert_array_equal(out, np.asarray(want))
 
 
 def test_mul_non_finite_traced_scalar_propagates(small_tiles):
@@ -177,8 +183,12 @@ def test_mul_non_finite_traced_scalar_propagates(small_tiles):
 def test_mul_bad_operands(small_tiles):
     a = _arr((5, 7))
     with pytest.raises(ValueError, match=r"not by an array of shape \(3,\)"):
+        jask.mul(a, jnp.ones(3))
+    with pytest.raises(ValueError, match=r"multiply got incompatible shapes for broadcasting: \(5, 7\), \(3,\)"):
         a * jnp.ones(3)
     with pytest.raises(TypeError, match="cannot multiply a DiskArray by str"):
+        jask.mul(a, "x")
+    with pytest.raises(TypeError, match="multiply cannot take an operand of type str"):
         a * "x"
     with pytest.raises(TypeError, match="at least one DiskArray"):
         jask.mul(2.0, 3.0)
@@ -186,10 +196,6 @@ def test_mul_bad_operands(small_tiles):
 
 def test_unsupported_operators(small_tiles):
     a = _arr((5, 7))
-    with pytest.raises(TypeError, match="division by a DiskArray"):
-        a / a
-    with pytest.raises(NotImplementedError, match="only the powers 1 and 2"):
-        a ** 3
     with pytest.raises(TypeError, match="ambiguous"):
         bool(a)
     with pytest.raises(TypeError, match="iterating"):

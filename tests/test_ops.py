@@ -24,6 +24,7 @@ import numpy as np
 import pytest
 
 import jask
+import jask.numpy as knp
 
 RTOL = ATOL = 1e-4
 _seeds = itertools.count(1)
@@ -87,6 +88,37 @@ OPS = [
     # reductions
     pytest.param((_mat((5, 7)),), jask.sum, jnp.sum, id="sum"),
     pytest.param((_mat((3, 5, 6)),), jask.sum, jnp.sum, id="sum_3d"),
+    # jask.numpy: broadcasting, Python and JAX scalars, jnp promotion
+    pytest.param((_mat((5, 7)), _mat((7,))), knp.add, jnp.add, id="np_add_bias_row"),
+    pytest.param((_mat((5, 1)), _mat((1, 7))), operator.mul, operator.mul, id="np_mul_outer_broadcast"),
+    pytest.param((_mat((6, 5, 7)), _mat((5, 1))), operator.sub, operator.sub, id="np_sub_3d_broadcast"),
+    pytest.param((_mat((5, 7)),), lambda a: 2 / (a * a + 1.0) - a ** 3, lambda a: 2 / (a * a + 1.0) - a ** 3,
+                 id="np_pyscalar_rdiv_pow"),
+    pytest.param((_mat((5, 7)), _scalar(jnp.float32(1.3))), lambda a, s: knp.maximum(a, s) / s + s,
+                 lambda a, s: jnp.maximum(a, s) / s + s, id="np_jaxscalar_maximum_div"),
+    pytest.param((_mat((5, 7)), _mat((5, 7))), lambda a, b: knp.where(a > b, knp.exp(a), knp.tanh(b)),
+                 lambda a, b: jnp.where(a > b, jnp.exp(a), jnp.tanh(b)), id="np_where_compare"),
+    pytest.param((_mat((5, 7)), _mat((7,))), lambda a, b: knp.clip(abs(a), 0.2, b) * knp.sigmoid(b),
+                 lambda a, b: jnp.clip(jnp.abs(a), 0.2, b) * jax.nn.sigmoid(b), id="np_clip_abs_sigmoid"),
+    # jask.numpy reductions: axis None / int / tuple, keepdims
+    pytest.param((_mat((5, 7)),), lambda a: knp.sum(a, axis=1), lambda a: jnp.sum(a, axis=1), id="np_sum_axis1"),
+    pytest.param((_mat((5, 6, 7)),), lambda a: a.sum(axis=(0, 2), keepdims=True),
+                 lambda a: a.sum(axis=(0, 2), keepdims=True), id="np_sum_axes_keepdims"),
+    pytest.param((_mat((5, 7)), _mat((7,))), lambda x, b: knp.mean(knp.square(x + b), axis=0),
+                 lambda x, b: jnp.mean(jnp.square(x + b), axis=0), id="np_mean_axis0_bias"),
+    pytest.param((_mat((5, 6, 7)),), lambda a: knp.max(a, axis=-1), lambda a: jnp.max(a, axis=-1), id="np_max_axis"),
+    pytest.param((_mat((5, 7)),), knp.min, jnp.min, id="np_min_all"),
+    pytest.param((_mat((5, 7)),), lambda a: knp.prod(a * 0.5 + 1.0, axis=1),
+                 lambda a: jnp.prod(a * 0.5 + 1.0, axis=1), id="np_prod_axis"),
+    pytest.param((_mat((5, 7)),), lambda a: knp.var(a, axis=1, keepdims=True),
+                 lambda a: jnp.var(a, axis=1, keepdims=True), id="np_var_keepdims"),
+    pytest.param((_mat((5, 7)),), knp.std, jnp.std, id="np_std_all"),
+    pytest.param((_mat((5, 6, 7)),), lambda a: knp.logsumexp(a, axis=(0, 2)),
+                 lambda a: jax.nn.logsumexp(a, axis=(0, 2)), id="np_logsumexp_axes"),
+    pytest.param((_mat((5, 7)),), knp.logsumexp, jax.nn.logsumexp, id="np_logsumexp_all"),
+    pytest.param((_mat((5, 7)),), lambda a: knp.linalg.norm(a, axis=1), lambda a: jnp.linalg.norm(a, axis=1),
+                 id="np_norm_axis"),
+    pytest.param((_mat((5, 7)),), knp.linalg.norm, jnp.linalg.norm, id="np_norm_fro"),
     # matrix products
     pytest.param((_mat((5, 7)), _mat((7, 6))), jask.dot, jnp.matmul, id="dot"),
     pytest.param((_mat((3, 5, 7)), _mat((3, 7, 6))), jask.dot, jnp.matmul, id="dot_batched"),
@@ -121,7 +153,9 @@ OPS = [
 # Every row runs these modes; grad(jit(...)) runs for a subset.
 MODES = ("forward", "forward_jit", "grad_eager", "jit_of_grad")
 GRAD_OF_JIT = {"add", "mul", "mul_array_jaxscalar", "sum", "dot", "dot_batched", "dot_matvec",
-               "transpose_axes", "chain_dot_sub_square", "chain_add_scalarmul_T_dot"}
+               "transpose_axes", "chain_dot_sub_square", "chain_add_scalarmul_T_dot",
+               "np_add_bias_row", "np_jaxscalar_maximum_div", "np_sum_axes_keepdims", "np_max_axis",
+               "np_logsumexp_all"}
 # One row after another, all its modes together, so a row's tile kernels compile once.
 CASES = [pytest.param(*p.values, mode, id=f"{p.id}-{mode}")
          for p in OPS

@@ -77,19 +77,42 @@ class DiskArrayType(compat.HiType):
     def leading_axis_spec(self):
         raise NotImplementedError("scanning over the leading axis of a DiskArray is not supported")
 
-    # operators on traced DiskArrays (tracers forward ``x + y`` to ``aval._add(x, y)``)
-    _add = staticmethod(lambda x, y: _binary("add", x, y))
-    _radd = staticmethod(lambda x, y: _binary("add", y, x))
-    _sub = staticmethod(lambda x, y: _binary("sub", x, y))
-    _rsub = staticmethod(lambda x, y: _binary("sub", y, x))
-    _mul = staticmethod(lambda x, y: _binary("mul", x, y))
-    _rmul = staticmethod(lambda x, y: _binary("mul", y, x))
-    _truediv = staticmethod(lambda x, y: _divide(x, y))
+    # operators on traced DiskArrays (tracers forward ``x + y`` to ``aval._add(x, y)``), as jnp's
+    _add = staticmethod(lambda x, y: _np("add", x, y))
+    _radd = staticmethod(lambda x, y: _np("add", y, x))
+    _sub = staticmethod(lambda x, y: _np("subtract", x, y))
+    _rsub = staticmethod(lambda x, y: _np("subtract", y, x))
+    _mul = staticmethod(lambda x, y: _np("multiply", x, y))
+    _rmul = staticmethod(lambda x, y: _np("multiply", y, x))
+    _truediv = staticmethod(lambda x, y: _np("true_divide", x, y))
+    _rtruediv = staticmethod(lambda x, y: _np("true_divide", y, x))
+    _floordiv = staticmethod(lambda x, y: _np("floor_divide", x, y))
+    _rfloordiv = staticmethod(lambda x, y: _np("floor_divide", y, x))
+    _mod = staticmethod(lambda x, y: _np("remainder", x, y))
+    _pow = staticmethod(lambda x, y: _np("power", x, y))
+    _rpow = staticmethod(lambda x, y: _np("power", y, x))
+    _eq = staticmethod(lambda x, y: _np("equal", x, y))
+    _ne = staticmethod(lambda x, y: _np("not_equal", x, y))
+    _lt = staticmethod(lambda x, y: _np("less", x, y))
+    _le = staticmethod(lambda x, y: _np("less_equal", x, y))
+    _gt = staticmethod(lambda x, y: _np("greater", x, y))
+    _ge = staticmethod(lambda x, y: _np("greater_equal", x, y))
+    _neg = staticmethod(lambda x: _np("negative", x))
+    _pos = staticmethod(lambda x: _np("positive", x))
+    _abs = staticmethod(lambda x: _np("abs", x))
     _matmul = staticmethod(lambda x, y: _binary("dot", x, y))
     _rmatmul = staticmethod(lambda x, y: _binary("dot", y, x))
-    _neg = staticmethod(lambda x: _binary("mul", x, -1.0))
-    _pow = staticmethod(lambda x, y: _power(x, y))
     T = compat.aval_property(lambda x: _transpose(x))
+    sum = compat.aval_method(lambda x, *a, **k: _np("sum", x, *a, **k))
+    mean = compat.aval_method(lambda x, *a, **k: _np("mean", x, *a, **k))
+    max = compat.aval_method(lambda x, *a, **k: _np("max", x, *a, **k))
+    min = compat.aval_method(lambda x, *a, **k: _np("min", x, *a, **k))
+    prod = compat.aval_method(lambda x, *a, **k: _np("prod", x, *a, **k))
+    var = compat.aval_method(lambda x, *a, **k: _np("var", x, *a, **k))
+    std = compat.aval_method(lambda x, *a, **k: _np("std", x, *a, **k))
+    argmax = compat.aval_method(lambda x, *a, **k: _np("argmax", x, *a, **k))
+    argmin = compat.aval_method(lambda x, *a, **k: _np("argmin", x, *a, **k))
+    astype = compat.aval_method(lambda x, dtype: _np("astype", x, dtype))
 
 
 def _binary(name, x, y):
@@ -97,32 +120,15 @@ def _binary(name, x, y):
     return getattr(jask, name)(x, y)
 
 
+def _np(name, *args, **kwargs):
+    """The ``jask.numpy`` function ``name``: operators and methods follow jnp (broadcasting, promotion)."""
+    import jask.numpy
+    return getattr(jask.numpy, name)(*args, **kwargs)
+
+
 def _transpose(x):
     import jask
     return jask.transpose(x)
-
-
-def _divide(x, y):
-    import jask
-    if is_disk_array(y):
-        raise TypeError("division by a DiskArray is not supported; divide by a scalar")
-    if isinstance(y, (int, float)):
-        return jask.mul(x, 1.0 / y)
-    return jask.mul(x, 1.0 / jask_scalar(y))
-
-
-def _power(x, y):
-    import jask
-    if isinstance(y, (int, float)) and y == 2:
-        return jask.square(x)
-    if isinstance(y, (int, float)) and y == 1:
-        return x
-    raise NotImplementedError(f"DiskArray ** {y!r}: only the powers 1 and 2 are supported")
-
-
-def jask_scalar(y):
-    import jax.numpy as jnp
-    return jnp.asarray(y)
 
 
 _zeros: dict = {}
@@ -209,19 +215,43 @@ class DiskArray:
             raise TypeError("len() of a 0-d DiskArray")
         return self.shape[0]
 
-    # operators
-    __add__ = lambda self, o: _binary("add", self, o)
-    __radd__ = lambda self, o: _binary("add", o, self)
-    __sub__ = lambda self, o: _binary("sub", self, o)
-    __rsub__ = lambda self, o: _binary("sub", o, self)
-    __mul__ = lambda self, o: _binary("mul", self, o)
-    __rmul__ = lambda self, o: _binary("mul", o, self)
+    # operators and methods, as jnp's; ``==`` is elementwise, so hashing stays by identity
+    __add__ = lambda self, o: _np("add", self, o)
+    __radd__ = lambda self, o: _np("add", o, self)
+    __sub__ = lambda self, o: _np("subtract", self, o)
+    __rsub__ = lambda self, o: _np("subtract", o, self)
+    __mul__ = lambda self, o: _np("multiply", self, o)
+    __rmul__ = lambda self, o: _np("multiply", o, self)
+    __truediv__ = lambda self, o: _np("true_divide", self, o)
+    __rtruediv__ = lambda self, o: _np("true_divide", o, self)
+    __floordiv__ = lambda self, o: _np("floor_divide", self, o)
+    __rfloordiv__ = lambda self, o: _np("floor_divide", o, self)
+    __mod__ = lambda self, o: _np("remainder", self, o)
+    __pow__ = lambda self, o: _np("power", self, o)
+    __rpow__ = lambda self, o: _np("power", o, self)
+    __eq__ = lambda self, o: _np("equal", self, o)
+    __ne__ = lambda self, o: _np("not_equal", self, o)
+    __lt__ = lambda self, o: _np("less", self, o)
+    __le__ = lambda self, o: _np("less_equal", self, o)
+    __gt__ = lambda self, o: _np("greater", self, o)
+    __ge__ = lambda self, o: _np("greater_equal", self, o)
+    __hash__ = object.__hash__
+    __neg__ = lambda self: _np("negative", self)
+    __pos__ = lambda self: _np("positive", self)
+    __abs__ = lambda self: _np("abs", self)
     __matmul__ = lambda self, o: _binary("dot", self, o)
     __rmatmul__ = lambda self, o: _binary("dot", o, self)
-    __truediv__ = lambda self, o: _divide(self, o)
-    __neg__ = lambda self: _binary("mul", self, -1.0)
-    __pow__ = lambda self, o: _power(self, o)
     T = property(lambda self: _transpose(self))
+    sum = lambda self, *a, **k: _np("sum", self, *a, **k)
+    mean = lambda self, *a, **k: _np("mean", self, *a, **k)
+    max = lambda self, *a, **k: _np("max", self, *a, **k)
+    min = lambda self, *a, **k: _np("min", self, *a, **k)
+    prod = lambda self, *a, **k: _np("prod", self, *a, **k)
+    var = lambda self, *a, **k: _np("var", self, *a, **k)
+    std = lambda self, *a, **k: _np("std", self, *a, **k)
+    argmax = lambda self, *a, **k: _np("argmax", self, *a, **k)
+    argmin = lambda self, *a, **k: _np("argmin", self, *a, **k)
+    astype = lambda self, dtype: _np("astype", self, dtype)
 
     def __array__(self, dtype=None, copy=None):
         from jask.sinks import to_numpy
@@ -256,4 +286,5 @@ class DiskArray:
 
 
 compat.register_hitype(DiskArray, lambda x: x._aval)
-compat.defer_reflected_operator(DiskArrayType, "mul")  # traced_scalar * x under jit/grad, as x * traced_scalar
+for _name in ("add", "sub", "mul", "truediv", "pow"):  # traced_scalar <op> x under jit/grad reaches x's _r<op>
+    compat.defer_reflected_operator(DiskArrayType, _name)

@@ -103,14 +103,18 @@ class OpPrimitive(compat.HiPrimitive):
 
     def expand(self, *args):
         (out,) = runtime.host_call(ApplyOp(self.spec), (self.out_aval,),
-                                   [runtime.ref_of(a) for a in args], [True] * len(args))
+                                   [runtime.ref_of(a) for a in args], _array_flags(self.in_avals))
         return out
 
     def vjp_fwd(self, nzs_in, *args):
         return self(*args), args
 
     def vjp_bwd(self, res, g, *accums):
-        wanted = tuple(i for i, acc in enumerate(accums) if compat.wants_grad(acc))
+        if not _inexact(self.out_aval):   # as in JAX: nothing flows back through bool/int outputs
+            return
+        skip = getattr(self.spec.cls, "nondiff_inputs", ())
+        wanted = tuple(i for i, acc in enumerate(accums)
+                       if compat.wants_grad(acc) and _inexact(self.in_avals[i]) and i not in skip)
         if not wanted or compat.is_zero_cotangent(g):
             return
         prim = BackwardPrimitive(self.spec, self.in_avals, self.out_aval, wanted)
@@ -138,7 +142,7 @@ class BackwardPrimitive(compat.HiPrimitive):
     def expand(self, g, *args):
         refs = [runtime.ref_of(g)] + [runtime.ref_of(a) for a in args]
         return runtime.host_call(ApplyBackward(self.spec, self.wanted), self.out_aval, refs,
-                                 [is_disk_array(g)] + [True] * len(args))
+                                 [is_disk_array(g)] + _array_flags(self.in_avals[1:]))
 
     def vjp_fwd(self, nzs_in, *args):
         raise NotImplementedError(f"second-order gradients of jask.{self.spec.name} are not supported")
@@ -155,9 +159,10 @@ class ApplyOp:
 
     def __call__(self, *inputs):
         from jask.base.executor import run
-        types = [DiskArrayType(n.shape, n.dtype) for n in inputs]
+        nodes = tuple(runtime.as_node(i) for i in inputs)
+        types = [DiskArrayType(n.shape, n.dtype) for n in nodes]
         out = output_type(self.spec, call_time_op(self.spec, types), types)
-        node = OpNode(self.spec, tuple(runtime.as_node(i) for i in inputs), out.shape, out.dtype)
+        node = OpNode(self.spec, nodes, out.shape, out.dtype)
         if out.shape == ():
             return run([node])
         return (node,)
@@ -171,11 +176,16 @@ class ApplyBackward:
     wanted: tuple[int, ...]
 
     def __call__(self, g, *inputs):
+        from jask.base.executor import run
         nodes = tuple(runtime.as_node(x) for x in (g, *inputs))
         grad_cls = CustomGradOp if issubclass(self.spec.cls, CustomOp) else GradOp
-        return tuple(OpNode(OpSpec(grad_cls, (("forward", self.spec), ("wrt", i)), name=f"grad[{self.spec.name}]"),
-                            nodes, inputs[i].shape, inputs[i].dtype)
-                     for i in self.wanted)
+        grads = [OpNode(OpSpec(grad_cls, (("forward", self.spec), ("wrt", i)), name=f"grad[{self.spec.name}]"),
+                        nodes, nodes[1 + i].shape, nodes[1 + i].dtype)
+                 for i in self.wanted]
+        # a scalar operand's gradient is a reduction over every tile: computed now, returned as a value
+        scalars = [n for n in grads if n.shape == ()]
+        values = dict(zip(map(id, scalars), run(scalars))) if scalars else {}
+        return tuple(values.get(id(n), n) for n in grads)
 
 
 class GradOp(BlockParallelOp):
@@ -290,8 +300,31 @@ def _call_checker(name, cls):
     return check
 
 
-def _check_inputs(name, inputs):
+def _inexact(aval) -> bool:
+    return jax.numpy.issubdtype(aval.dtype, jax.numpy.inexact)
+
+
+def _array_flags(avals) -> list[bool]:
+    """Per input: a DiskArray (passed as a handle) or a scalar operand (passed by value)."""
+    return [isinstance(a, DiskArrayType) for a in avals]
+
+
+def is_scalar_operand(x) -> bool:
+    """A 0-d JAX or NumPy value, concrete or traced (Python numbers are baked into ops instead)."""
+    return isinstance(x, (jax.Array, np.ndarray, np.generic, compat.Tracer)) and np.shape(x) == () \
+        and not is_disk_array(x)
+
+
+def _input_type(x):
+    if is_disk_array(x):
+        return type_of(x)
+    return compat.ShapedArray((), np.dtype(x.dtype))
+
+
+def _check_inputs(name, inputs, scalars_ok=False):
     for pos, x in enumerate(inputs):
+        if scalars_ok and is_scalar_operand(x):
+            continue
         if not is_disk_array(x):
             raise TypeError(f"{name} expects DiskArray inputs; argument {pos} is {type(x).__name__}. "
                             "Wrap in-memory data with jask.from_numpy")
@@ -319,12 +352,15 @@ def make_op(cls, doc: str | None = None, name: str | None = None):
     check_call = _call_checker(op_name, cls)
 
     def op(*inputs, **kwargs):
-        _check_inputs(op_name, inputs)
+        scalars_ok = getattr(cls, "scalar_operands", False)
+        _check_inputs(op_name, inputs, scalars_ok)
         check_call(len(inputs), kwargs)
+        if scalars_ok:
+            inputs = tuple(x if is_disk_array(x) or compat.is_traced(x) else jax.numpy.asarray(x) for x in inputs)
         if not any(compat.is_traced(x) for x in inputs):
             runtime.safe_point()
         spec = OpSpec(cls, tuple(sorted((k, freeze(v)) for k, v in kwargs.items())), op_name)
-        types = [type_of(x) for x in inputs]
+        types = [_input_type(x) for x in inputs]
         out = output_type(spec, call_time_op(spec, types), types)
         return OpPrimitive(spec, types, out)(*inputs)
 

@@ -36,7 +36,18 @@ class TiledInput:
 
 
 class _Op:
-    """What every op has: an output shape, an output dtype, and a constructor from its inputs."""
+    """What every op has: an output shape, an output dtype, and a constructor from its inputs.
+
+    ``scalar_operands``: when True, ``make_op`` also accepts 0-d JAX/NumPy values
+    (traced or not) as inputs; their block index is ``()`` and their gradient, a
+    reduction over every tile, comes back as a JAX scalar.
+    ``nondiff_inputs``: input positions that never get a gradient (reference
+    values such as a reduction's own result, read only by ``backward_block``).
+    Inputs and outputs that are not floating point never carry gradients, as in JAX.
+    """
+
+    scalar_operands = False
+    nondiff_inputs: tuple[int, ...] = ()
 
     def output_shape(self, *input_shapes):
         raise NotImplementedError(f"{type(self).__name__} must implement output_shape")

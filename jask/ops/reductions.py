@@ -1,0 +1,307 @@
+"""Reductions over ``axis=None | int | tuple`` with ``keepdims``, streaming over the reduced blocks.
+
+An output tile's ``index_map`` lists every input block along the reduced axes;
+``forward_block`` reduces one block and ``combine`` folds the partials, so
+``sum``, ``max``, ``min`` and ``prod`` take one pass. ``mean``, ``var``, ``std``,
+``logsumexp``, ``argmax``/``argmin`` and ``norm`` are compositions of these with
+elementwise ops (``var``, ``logsumexp`` and ``arg*`` take two passes).
+
+Gradients of ``max``/``min``/``prod`` need the reduction's result, which a
+``backward_block`` does not see, so their op takes it (and a count) as extra
+*reference* inputs: computed only when a gradient is, never read by the
+forward pass (``unused_inputs``) and never differentiated (``nondiff_inputs``).
+``max``/``min`` split the gradient equally among tied maxima, as JAX does.
+A full reduction returns a JAX scalar; a partial one a DiskArray.
+"""
+from __future__ import annotations
+
+import builtins
+import itertools
+import math
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from jask.base import BlockParallelOp
+from jask.base.array import is_disk_array, type_of
+from jask.base.base_algo import make_op
+from jask.ops import elementwise as ew
+from jask.sources import from_numpy
+
+
+def normalize_axis(axis, ndim, name="reduction") -> tuple[int, ...]:
+    """``axis`` (None, int or tuple; negatives allowed) as a sorted tuple of distinct axes."""
+    if axis is None:
+        return tuple(range(ndim))
+    axes = (axis,) if isinstance(axis, (int, np.integer)) else tuple(axis)
+    try:
+        norm = tuple(int(a) + ndim if int(a) < 0 else int(a) for a in axes)
+    except TypeError:
+        raise TypeError(f"{name}: axis must be None, an int or a tuple of ints, got {axis!r}") from None
+    if any(not 0 <= a < ndim for a in norm) or len(set(norm)) != len(norm):
+        raise ValueError(f"{name}: axis {axis!r} is out of range or repeated for an array of ndim {ndim}")
+    return tuple(sorted(norm))
+
+
+def reduced_shape(shape, axes, keepdims):
+    return tuple(1 if a in axes else d for a, d in enumerate(shape) if keepdims or a not in axes)
+
+
+class Reduce(BlockParallelOp):
+    """Reduce input 0 over ``axes``; inputs 1.. are keepdims-shaped references for ``backward_block``."""
+
+    reduce = staticmethod(jnp.sum)
+    nondiff_inputs = (1, 2)
+
+    def __init__(self, axes=(), keepdims=False, shape=(), grid=(), n_refs=0):
+        self.axes, self.keepdims, self.shape, self.grid = tuple(axes), bool(keepdims), tuple(shape), tuple(grid)
+        self.unused_inputs = frozenset(range(1, 1 + n_refs))
+
+    @classmethod
+    def from_inputs(cls, x, *refs, axis=None, keepdims=False):
+        name = cls.__name__.lower()
+        return cls(normalize_axis(axis, x.ndim, name), keepdims, x.shape, x.grid, len(refs))
+
+    def forward_block(self, x, *refs):
+        return self.reduce(x, axis=self.axes, keepdims=self.keepdims)
+
+    def index_map(self, out_idx):
+        out_idx = iter(out_idx)
+        base = [0 if (a in self.axes and not self.keepdims) else next(out_idx) for a in range(len(self.shape))]
+        ref = tuple(0 if a in self.axes else i for a, i in enumerate(base))
+        entries = []
+        for blocks in itertools.product(*(range(self.grid[a]) for a in self.axes)):
+            idx = list(base)
+            for a, b in zip(self.axes, blocks):
+                idx[a] = b
+            entries.append((tuple(idx),) + (ref,) * len(self.unused_inputs))
+        return entries
+
+    def combine(self, acc, partial):
+        return acc + partial
+
+    def expanded(self, d_out_block):
+        """The cotangent with the reduced axes put back (size 1), to broadcast against an input block."""
+        return d_out_block if self.keepdims else jnp.expand_dims(d_out_block, self.axes)
+
+    def backward_block(self, d_out_block, x, *refs):
+        return (jnp.broadcast_to(self.expanded(d_out_block), x.shape).astype(x.dtype),) + tuple(
+            jnp.zeros_like(r) for r in refs)
+
+    def output_shape(self, x_shape, *ref_shapes):
+        return reduced_shape(x_shape, self.axes, self.keepdims)
+
+    def output_dtype(self, x_dtype, *ref_dtypes):
+        """As the jnp reduction: bool and small integers sum in int32."""
+        return jax.eval_shape(self.reduce, jax.ShapeDtypeStruct((), x_dtype)).dtype
+
+
+class Sum(Reduce):
+    """Sum over the axes."""
+
+
+class Max(Reduce):
+    """Maximum; references ``(max, count of maxima)``: the gradient goes to the maxima, split among ties."""
+
+    reduce = staticmethod(jnp.max)
+
+    def combine(self, acc, partial):
+        return jnp.maximum(acc, partial)
+
+    def backward_block(self, d_out_block, x, *refs):
+        if len(refs) != 2:
+            raise NotImplementedError(f"{type(self).__name__.lower()} without its reference inputs has no gradient")
+        m, count = refs
+        share = jnp.where(x == m, self.expanded(d_out_block) / count.astype(x.dtype), 0)
+        return (share.astype(x.dtype), jnp.zeros_like(m), jnp.zeros_like(count))
+
+
+class Min(Max):
+    """Minimum; gradient as for :class:`Max`."""
+
+    reduce = staticmethod(jnp.min)
+
+    def combine(self, acc, partial):
+        return jnp.minimum(acc, partial)
+
+
+class Prod(Reduce):
+    """Product; references ``(product of the nonzero elements, count of zeros)``, so zeros get exact gradients."""
+
+    reduce = staticmethod(jnp.prod)
+
+    def combine(self, acc, partial):
+        return acc * partial
+
+    def backward_block(self, d_out_block, x, *refs):
+        if len(refs) != 2:
+            raise NotImplementedError("prod without its reference inputs has no gradient")
+        p_nonzero, zeros = refs
+        others = jnp.where(zeros == 0, p_nonzero / jnp.where(x == 0, 1, x),
+                           jnp.where((zeros == 1) & (x == 0), p_nonzero, 0))
+        return ((self.expanded(d_out_block) * others).astype(x.dtype), jnp.zeros_like(p_nonzero),
+                jnp.zeros_like(zeros))
+
+
+_sum, _max, _min, _prod = (make_op(c, name=c.__name__.lower()) for c in (Sum, Max, Min, Prod))
+
+
+def _check(name, a, where=None, initial=None, out=None):
+    if not is_disk_array(a):
+        raise TypeError(f"{name} expects a DiskArray; got {type(a).__name__}. Wrap in-memory data with "
+                        f"jask.from_numpy, or use jax.numpy.{name}")
+    for arg, value in (("where", where), ("initial", initial), ("out", out)):
+        if value is not None:
+            raise NotImplementedError(f"jask.numpy.{name}: the {arg}= argument is not supported; "
+                                      f"apply jask.numpy.where to the input first" if arg != "out" else
+                                      f"jask.numpy.{name}: out= is not supported (arrays are immutable)")
+
+
+def _count(a, axis):
+    shape = type_of(a).shape
+    return math.prod(shape[i] for i in normalize_axis(axis, len(shape)))
+
+
+def sum(a, axis=None, dtype=None, out=None, keepdims=False, initial=None, where=None):  # noqa: A001
+    """Sum over ``axis`` (all axes by default): a JAX scalar for a full reduction, else a DiskArray."""
+    _check("sum", a, where, initial, out)
+    if dtype is not None:
+        a = ew.astype(a, dtype)
+    return _sum(a, axis=axis, keepdims=keepdims)
+
+
+def _extremum(op, name, a, axis, keepdims):
+    if type_of(a).size == 0:
+        raise ValueError(f"{name} of an empty array has no identity")
+    m = _detached(op, a, axis)
+    count = _sum(ew.equal(a, m), axis=axis, keepdims=True)
+    return op(a, m, count, axis=axis, keepdims=keepdims)
+
+
+def _detached(op, a, axis):
+    """The reduction with keepdims, as a constant reference (no gradient of its own)."""
+    return ew.stop_gradient(op(a, axis=axis, keepdims=True))
+
+
+def max(a, axis=None, out=None, keepdims=False, initial=None, where=None):  # noqa: A001
+    """Maximum over ``axis``; the gradient is split equally among tied maxima (as in JAX)."""
+    _check("max", a, where, initial, out)
+    return _extremum(_max, "max", a, axis, keepdims)
+
+
+def min(a, axis=None, out=None, keepdims=False, initial=None, where=None):  # noqa: A001
+    """Minimum over ``axis``; gradient as for :func:`max`."""
+    _check("min", a, where, initial, out)
+    return _extremum(_min, "min", a, axis, keepdims)
+
+
+amax, amin = max, min
+
+
+def prod(a, axis=None, dtype=None, out=None, keepdims=False, initial=None, where=None):
+    """Product over ``axis``, with exact gradients where elements are zero."""
+    _check("prod", a, where, initial, out)
+    if dtype is not None:
+        a = ew.astype(a, dtype)
+    nonzero = ew.stop_gradient(_prod(ew.where(ew.equal(a, 0), 1, a), axis=axis, keepdims=True))
+    zeros = _sum(ew.equal(a, 0), axis=axis, keepdims=True)
+    return _prod(a, nonzero, zeros, axis=axis, keepdims=keepdims)
+
+
+def mean(a, axis=None, dtype=None, out=None, keepdims=False, *, where=None):
+    """Mean over ``axis`` (integers give float32, as in jnp)."""
+    _check("mean", a, where, None, out)
+    if dtype is not None:
+        a = ew.astype(a, dtype)
+    elif not jnp.issubdtype(type_of(a).dtype, jnp.inexact):
+        a = ew.astype(a, jnp.result_type(type_of(a).dtype, 1.0))
+    return ew.true_divide(sum(a, axis=axis, keepdims=keepdims), _count(a, axis))
+
+
+def var(a, axis=None, dtype=None, out=None, ddof=0, keepdims=False, *, where=None, correction=None):
+    """Variance over ``axis`` in two passes (mean, then squared deviations); ``ddof`` as in jnp."""
+    _check("var", a, where, None, out)
+    if correction is not None:
+        ddof = correction
+    if dtype is not None:
+        a = ew.astype(a, dtype)
+    elif not jnp.issubdtype(type_of(a).dtype, jnp.inexact):
+        a = ew.astype(a, jnp.result_type(type_of(a).dtype, 1.0))
+    centered = ew.subtract(a, mean(a, axis=axis, keepdims=True))
+    return ew.true_divide(sum(ew.square(centered), axis=axis, keepdims=keepdims), _count(a, axis) - ddof)
+
+
+def std(a, axis=None, dtype=None, out=None, ddof=0, keepdims=False, *, where=None, correction=None):
+    """Standard deviation: ``sqrt(var(...))``."""
+    return ew.sqrt(var(a, axis=axis, dtype=dtype, out=out, ddof=ddof, keepdims=keepdims, where=where,
+                       correction=correction))
+
+
+def logsumexp(a, axis=None, b=None, keepdims=False, return_sign=False, where=None):
+    """``log(sum(exp(a)))`` over ``axis``, stable: a max pass, then a sum pass of ``exp(a - max)``."""
+    _check("logsumexp", a, where)
+    if b is not None or return_sign:
+        raise NotImplementedError("jask logsumexp: b= and return_sign= are not supported; "
+                                  "scale with jask.numpy.log(b) added to a instead of b=")
+    axes = normalize_axis(axis, type_of(a).ndim, "logsumexp")
+    m = _detached(_max, a, axes)
+    m = ew.where(ew.isfinite(m), m, 0)                      # all -inf (or inf) slices, as jax.nn.logsumexp
+    out = ew.add(ew.log(_sum(ew.exp(ew.subtract(a, m)), axis=axes, keepdims=True)), m)
+    return out if keepdims else _sum(out, axis=axes)        # a sum over size-1 axes: drops them
+
+
+def _arg_extremum(name, op, a, axis, keepdims):
+    """Index of the first extremum (first NaN if any, as jnp): min over positions where the value hits."""
+    t = type_of(a)
+    if t.size == 0:
+        raise ValueError(f"{name} of an empty array")
+    axes = normalize_axis(axis, t.ndim, name)
+    m = _detached(op, a, axes)
+    iotas = [from_numpy(np.arange(t.shape[ax], dtype=np.int32).reshape((-1,) + (1,) * (t.ndim - ax - 1)))
+             for ax in axes]
+    strides = tuple(math.prod(t.shape[b] for b in axes[k + 1:]) for k in range(len(axes)))
+    big = math.prod(t.shape[ax] for ax in axes)
+    hit_index = ew.lift(_first_hit(strides, big), name)(a, m, *iotas)
+    return _min(hit_index, axis=axes, keepdims=keepdims)
+
+
+def _first_hit(strides, big):
+    def position_if_hit(x, m, *iotas):
+        hit = jnp.where(jnp.isnan(m), jnp.isnan(x), x == m)
+        flat = builtins.sum(i * s for i, s in zip(iotas, strides))
+        return jnp.where(hit, flat, big).astype(jnp.int32)
+    return position_if_hit
+
+
+def argmax(a, axis=None, out=None, keepdims=None):
+    """Index of the maximum along ``axis`` (flattened when None), int32; no gradient, as in JAX."""
+    _check("argmax", a, out=out)
+    return _arg_extremum("argmax", _max, a, axis, bool(keepdims))
+
+
+def argmin(a, axis=None, out=None, keepdims=None):
+    """Index of the minimum along ``axis`` (flattened when None), int32."""
+    _check("argmin", a, out=out)
+    return _arg_extremum("argmin", _min, a, axis, bool(keepdims))
+
+
+def norm(x, ord=None, axis=None, keepdims=False):  # noqa: A002 - jnp's name
+    """``jnp.linalg.norm`` for Frobenius / 2-norms (and vector ``ord`` 1, inf, -inf, 0, p) over ``axis``."""
+    _check("norm", x)
+    ndim = type_of(x).ndim
+    axes = normalize_axis(axis, ndim, "norm")
+    if ord is None or (ord == "fro" and len(axes) == 2) or (ord == 2 and len(axes) == 1):
+        return ew.sqrt(sum(ew.square(x), axis=axes, keepdims=keepdims))   # ew.sqrt passes JAX scalars to jnp
+    if len(axes) != 1:
+        raise NotImplementedError(f"jask norm: ord={ord!r} over axes {axes} (a matrix norm other than 'fro') "
+                                  "is not supported; use ord=None or 'fro', or a vector norm over one axis")
+    if ord == jnp.inf:
+        return max(ew.abs(x), axis=axes, keepdims=keepdims)
+    if ord == -jnp.inf:
+        return min(ew.abs(x), axis=axes, keepdims=keepdims)
+    if ord == 0:
+        return sum(ew.astype(ew.not_equal(x, 0), type_of(x).dtype), axis=axes, keepdims=keepdims)
+    if ord == 1:
+        return sum(ew.abs(x), axis=axes, keepdims=keepdims)
+    return ew.power(sum(ew.power(ew.abs(x), ord), axis=axes, keepdims=keepdims), 1.0 / ord)
