@@ -67,3 +67,34 @@ def test_device_setting_checks_its_value():
         jask.config.update("device", "gpu:0")
     with pytest.raises(ValueError, match="precision"):
         jask.config.update("precision", "fast")
+
+
+def test_callback_that_cannot_reach_the_device_computes_on_the_host(small_tiles, monkeypatch):
+    """Inside jit, if the accelerator is held by the program waiting for the callback, jask falls back.
+
+    Simulated on the CPU: the compute device claims to be an accelerator and the
+    probe says it cannot be reached; the pass must finish on the host with the
+    right value and one warning, not hang. (A jitted function whose only
+    traced argument is a scalar runs on the default device: the case the probe
+    is for; DiskArray arguments put the program on the host.)
+    """
+    import jax
+    import numpy as np
+    from jask.base import executor
+    from jask.exec import devices
+
+    class FakeAccelerator:
+        platform = "gpu"
+
+    fake = FakeAccelerator()
+    monkeypatch.setattr(executor, "compute_device", lambda: fake)
+    monkeypatch.setattr(devices, "compute_device", lambda: fake)
+    monkeypatch.setattr(executor, "callback_can_use", lambda d: d is not fake)
+    monkeypatch.setattr(devices, "_warned", set())
+    A = np.arange(64, dtype=np.float32).reshape(8, 8)
+    a = jask.from_numpy(A)
+    with pytest.warns(RuntimeWarning, match="ran on the host CPU"):
+        with jask.profile() as p:
+            total = jax.jit(lambda s: jask.sum(a * s))(np.float32(2))   # a traced scalar: a callback
+    np.testing.assert_allclose(float(total), float((A * 2).sum()))
+    assert p.devices == {jax.devices("cpu")[0]}

@@ -11,8 +11,11 @@ import dataclasses
 
 import numpy as np
 
+import jax
+
 from jask.base import compat
 from jask.base.graph import Node, OpNode, StoredNode, ZerosNode, handles
+from jask.exec.devices import host_handle_device
 
 
 class UnsupportedTransform(NotImplementedError, AttributeError):
@@ -44,7 +47,9 @@ class DiskArrayType(compat.HiType):
     def lower_val(self, x):
         if x._node is None:
             return [x._handle]
-        return [np.int32(handles.handle_of(x._node, pin=True))]
+        h = np.int32(handles.handle_of(x._node, pin=True))
+        where = host_handle_device()
+        return [h if where is None else jax.device_put(h, where)]
 
     def raise_val(self, h):
         if compat.is_traced(h):

@@ -44,7 +44,7 @@ from jask import kernels
 from jask.base.fusion import entries_of, entry_program, live_positions
 from jask.base.graph import Node, OpNode, ScalarNode, StoredNode, ZerosNode
 from jask.base.op import CustomOp, TiledInput
-from jask.exec.devices import compute_device, device_budget
+from jask.exec.devices import callback_can_use, compute_device, device_budget, warn_host_fallback
 from jask.exec.run_windows import WindowRunner
 from jask.exec.schedule import windows
 from jask.io import malloc
@@ -463,12 +463,14 @@ def _plan_at(roots, order, tile):
 class Executor:
     """Runs one plan: each stage window by window (:mod:`jask.exec.schedule`), writing finished tiles."""
 
-    def __init__(self, p: Plan):
+    def __init__(self, p: Plan, device=None):
         self.plan = p
         self.tile = p.tile
         self.backend = kernels.get_backend()
         self.backend.check_settings("+".join(p.prepared[id(n)].name for n in p.fused + p.stages))
-        self.device = compute_device()
+        self.device = device or compute_device()
+        if self.device.platform == "cpu" and self.backend.name == "pallas":
+            self.backend = kernels.get_backend("xla")   # the host fallback inside a callback (see run)
         # On an accelerator the reader threads start each tile's host-to-device copy (asynchronous),
         # so the next window's transfer overlaps this window's kernel; the host keeps NumPy tiles.
         self.place = None if self.device.platform == "cpu" else (lambda x: jax.device_put(x, self.device))
@@ -698,6 +700,16 @@ def explain(*arrays) -> str:
             f"reads {human_bytes(read)}, writes {human_bytes(written)}")
 
 
+def _usable_device():
+    """The compute device, or the host CPU inside a callback of a program that holds the accelerator."""
+    from jask.base.runtime import in_callback
+    device = compute_device()
+    if device.platform == "cpu" or not in_callback() or callback_can_use(device):
+        return device
+    warn_host_fallback(device)
+    return jax.devices("cpu")[0]
+
+
 def window_limit(p: Plan) -> int:
     """Bytes one window may hold: the host budget, or the device's when that is smaller.
 
@@ -766,8 +778,9 @@ def run(roots, make_sinks=None):
     try:
         p = plan(roots + extra)
         # Inside jit this runs in io_callback, whose default device is the host CPU: name ours.
-        with jax.default_device(compute_device()):
-            return _run(p, roots, make_sinks)
+        device = _usable_device()
+        with jax.default_device(device):
+            return _run(p, roots, make_sinks, device)
     except BaseException:
         store_with_next_run([n for n in extra if n.result is None])   # still wanted
         raise
@@ -780,10 +793,10 @@ def run(roots, make_sinks=None):
             malloc.release_free_memory()
 
 
-def _run(p: Plan, roots, make_sinks):
+def _run(p: Plan, roots, make_sinks, device=None):
     for listener in _listeners:
         listener.saw_plan(p)
-    ex = Executor(p)
+    ex = Executor(p, device)
     root_ids = {id(r.resolved()): i for i, r in enumerate(roots)}
     results = [None] * len(roots)
     for i, r in enumerate(roots):

@@ -42,3 +42,65 @@ def _memory_stats(device):
         return device.memory_stats()
     except Exception:   # not every PJRT client implements it
         return None
+
+
+# ---------------------------------------------------------------- host callbacks on an accelerator
+
+PROBE_SECONDS = 2.0
+_warned: set = set()
+
+
+def host_handle_device():
+    """Where DiskArray handles live as arguments of a jitted program: the host CPU on accelerator machines.
+
+    A jitted program runs on the device of its committed arguments. Handles
+    committed to the host CPU put the user's outer program (scalar work and
+    jask's ``io_callback``s) on the CPU, so the kernels the callbacks launch on
+    the accelerator never wait for the program that is waiting for them: on a
+    single GPU, work launched from a callback of a program running on that GPU
+    deadlocks (measured on an H200: the README demo hung at step 0).
+    ``None`` (uncommitted) when tile math runs on the CPU anyway.
+    """
+    if compute_device().platform == "cpu":
+        return None
+    return jax.devices("cpu")[0]
+
+
+def callback_can_use(device) -> bool:
+    """Whether work launched now on ``device`` can finish (False inside a callback of a program on it).
+
+    A jitted function that only closes over DiskArrays (no DiskArray argument)
+    still runs on the default device. There a tiny jitted probe on ``device``
+    cannot finish while the outer program waits for this callback, so after
+    ``PROBE_SECONDS`` the caller computes on the host instead of hanging.
+    """
+    import threading
+
+    import numpy as np
+    done = threading.Event()
+
+    def probe():
+        try:
+            _probe(jax.device_put(np.float32(1), device)).block_until_ready()
+        finally:
+            done.set()
+
+    threading.Thread(target=probe, daemon=True, name="jask-device-probe").start()
+    return done.wait(PROBE_SECONDS)
+
+
+_probe = jax.jit(lambda x: x + 1)
+
+
+def warn_host_fallback(device) -> None:
+    """Say once per device that a callback's tile math ran on the host CPU, and how to avoid it."""
+    if device in _warned:
+        return
+    _warned.add(device)
+    import warnings
+    warnings.warn(
+        f"jask: a jitted function's tile math ran on the host CPU instead of {device}: the function's "
+        "compiled program runs on that device and waits for jask's host callback, so kernels launched "
+        "there could not start. Pass at least one DiskArray as an argument of the jitted function (its "
+        "program then runs on the host and the tile math on the device) instead of only closing over "
+        "DiskArrays.", RuntimeWarning, stacklevel=3)
