@@ -19,9 +19,9 @@ except ImportError:  # pragma: no cover
     test_ops = None
 
 
-def test_auto_picks_compiled_pallas():
+def test_auto_picks_pallas_on_tpu_and_xla_on_gpu():
     jask.config.update("backend", "auto")
-    assert kernels.backend_name() == "pallas"
+    assert kernels.backend_name() == ("pallas" if jax.default_backend() == "tpu" else "xla")
 
 
 @pytest.mark.skipif(test_ops is None or not hasattr(test_ops, "CASES"), reason="tests/test_ops.py has no CASES")

@@ -15,8 +15,8 @@ met twice on a diagonal).
 * ``pallas-interpret``: the same Pallas programs in interpret mode, on CPU. It
   proves every lowering in CI and is far too slow for real work.
 
-``auto`` (the default) picks ``pallas`` on TPU and GPU and ``xla`` on CPU; it
-never picks interpret mode.
+``auto`` (the default) picks ``pallas`` on TPU and ``xla`` on GPU and CPU (see
+:func:`auto_backend` for the measurement); it never picks interpret mode.
 """
 from __future__ import annotations
 
@@ -31,9 +31,16 @@ _BACKENDS = {
 
 
 def auto_backend() -> str:
-    """``pallas`` where JAX's default platform is a TPU or GPU, else ``xla``."""
+    """``pallas`` on a TPU, else ``xla``.
+
+    On an H200 (2026-12-04, ``python -m jask.bench.kernels --n=8192 --block=1024``,
+    window programs) ``xla`` was as fast or faster than Pallas (Triton) for
+    every op measured: float32 dot 0.86x jnp against 0.73x, bfloat16 dot 0.45x
+    against 0.16x, add 1.05x against 0.96x; and some windows Pallas cannot run
+    on a GPU fall back to xla anyway. Pallas on TPU is not yet measured.
+    """
     from jask.kernels.pallas import current_platform
-    return "pallas" if current_platform() in ("tpu", "gpu") else "xla"
+    return "pallas" if current_platform() == "tpu" else "xla"
 
 
 def backend_name() -> str:
