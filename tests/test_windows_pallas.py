@@ -112,7 +112,7 @@ def test_dot_with_padded_entries(target, limits, dtype):
 @pytest.mark.parametrize("dtype", DTYPES, ids=["f32", "bf16"])
 def test_sum_many_entries_to_one_tile(target, limits, dtype):
     spec = _spec([(8, 16)], dtype, (40,), 1, 40, ())
-    _check(Sum(), spec, target, limits, table=np.arange(40).reshape(1, 40, 1))
+    _check(Sum(axes=(0, 1)), spec, target, limits, table=np.arange(40).reshape(1, 40, 1))
 
 
 @pytest.mark.parametrize("target, limits", TARGETS, ids=TARGET_IDS)
@@ -158,13 +158,13 @@ def test_classify_and_refusals():
     acc = np.dtype(f32)
     assert legality.classify(Add(), _spec([(8, 8)] * 2, f32, (1, 1), 1, 1, (8, 8)), acc)[0] == "pointwise"
     assert legality.classify(Dot(), _spec([(8, 8)] * 2, f32, (1, 1), 1, 2, (8, 8)), acc)[0] == "matmul"
-    assert legality.classify(Sum(), _spec([(8, 8)], f32, (1,), 1, 2, ()), acc)[0] == "general"
+    assert legality.classify(Sum(axes=(0, 1)), _spec([(8, 8)], f32, (1,), 1, 2, ()), acc)[0] == "general"
     assert legality.classify(Transpose(None, 2), _spec([(8, 16)], f32, (1,), 1, 1, (16, 8)), acc)[0] == "general"
     big = _spec([(1024, 1024)], f32, (1,), 1, 4, ())
     with pytest.raises(WindowNotLegal, match="Triton"):
-        window_program(Sum(), big, "gpu", interpret=False)
+        window_program(Sum(axes=(0, 1)), big, "gpu", interpret=False)
     with pytest.raises(WindowNotLegal, match="VMEM"):
-        window_program(Sum(), _spec([(2, 2048, 1024)], f32, (1,), 1, 4, ()), "tpu", interpret=False)
+        window_program(Sum(axes=(0, 1, 2)), _spec([(2, 2048, 1024)], f32, (1,), 1, 4, ()), "tpu", interpret=False)
     assert legality.max_tile_edge("gpu", [f32], 2) == 128
     assert legality.max_tile_edge("tpu", [f32], 2) == 512
 
@@ -178,7 +178,15 @@ def test_gate_covers_the_ops_table():
                  "pow_div_operators": "fused_sub_square", "mul_jaxscalar_array": "mul_array_jaxscalar",
                  "mul_pyfloat_array": "mul_array_pyfloat", "mul_jaxscalar_array_operator": "mul_array_jaxscalar",
                  "chain_dot_sub_square": "fused_sub_square", "chain_add_scalarmul_T_dot": "fused_add_scalarmul_T",
-                 "chain_shared_input": "fused_sub_square"}
+                 "chain_shared_input": "fused_sub_square",
+                 # jask.numpy rows: the generic elementwise op over broadcast operands, and the reductions
+                 **{i: "np_broadcast_row" for i in ("np_add_bias_row", "np_mul_outer_broadcast", "np_sub_3d_broadcast")},
+                 **{i: "np_elementwise" for i in ("np_pyscalar_rdiv_pow", "np_jaxscalar_maximum_div",
+                                                  "np_where_compare", "np_clip_abs_sigmoid")},
+                 **{i: "np_sum_axis" for i in ("np_sum_axis1", "np_sum_axes_keepdims", "np_mean_axis0_bias",
+                                               "np_var_keepdims", "np_std_all", "np_norm_axis", "np_norm_fro")},
+                 **{i: "np_max_axis" for i in ("np_max_axis", "np_min_all", "np_logsumexp_axes",
+                                               "np_logsumexp_all")}}
     missing = [p.id for p in test_ops.OPS if operators.get(p.id, p.id) not in names]
     assert not missing
 

@@ -248,8 +248,38 @@ def gpu_plan(kind, spec, acc_dtype, limits: Limits = LIMITS, dots=()) -> Plan:
     return Plan("general")
 
 
+# Primitives Pallas cannot lower on a target (jax 0.10.2; found by the lowering gate: jask.numpy.prod).
+UNLOWERABLE = {"tpu": frozenset({"reduce_prod"}), "gpu": frozenset({"reduce_prod"})}
+
+
+def _all_prims(jaxpr) -> set:
+    """Primitive names of ``jaxpr`` and of every jaxpr nested in its equations' parameters."""
+    names = set()
+    for eqn in jaxpr.eqns:
+        names.add(eqn.primitive.name)
+        for v in eqn.params.values():
+            for sub in (v if isinstance(v, (tuple, list)) else (v,)):
+                inner = getattr(sub, "jaxpr", sub)
+                if hasattr(inner, "eqns"):
+                    names |= _all_prims(inner)
+    return names
+
+
+def unlowerable(op, spec, acc_dtype, target: str) -> str | None:
+    """The first primitive of ``op``'s program that Pallas cannot lower on ``target`` (None if all can)."""
+    import jax
+    fwd = jax.make_jaxpr(op.forward_block)(*spec.leaf_structs).jaxpr
+    acc = jax.ShapeDtypeStruct(spec.out_block, acc_dtype)
+    comb = jax.make_jaxpr(op.combine)(acc, acc).jaxpr
+    bad = sorted((_all_prims(fwd) | _all_prims(comb)) & UNLOWERABLE.get(target, frozenset()))
+    return bad[0] if bad else None
+
+
 def plan(op, spec, acc_dtype, target: str, limits: Limits = LIMITS) -> Plan:
     """The blocking of ``op``'s window program on ``target`` (``tpu`` or ``gpu``), or WindowNotLegal."""
+    prim = unlowerable(op, spec, acc_dtype, target)
+    if prim is not None:
+        raise WindowNotLegal(f"Pallas has no {target} lowering for {prim}")
     kind, dots = classify(op, spec, acc_dtype)
     return (gpu_plan if target == "gpu" else tpu_plan)(kind, spec, acc_dtype, limits, dots)
 

@@ -108,6 +108,11 @@ def _fused_case(name, steps, root, n_leaves, blocks, out_block, k, edge, dtype):
     return _window_case(name, op, blocks, [dtype] * n_leaves, out_block, k, edge, dtype)
 
 
+def _np_elementwise(a, b):
+    """A jask.numpy-style chain: comparison, where, exp, maximum, clip."""
+    return jnp.clip(jnp.where(a > b, jnp.exp(a), jnp.maximum(a, b)), -3.0, 3.0)
+
+
 def cases(edges, dtypes):
     """Every kernel the gate lowers, at each tile edge and dtype."""
     from jask.base.fusion import LEAF, STEP
@@ -118,6 +123,8 @@ def cases(edges, dtypes):
     from jask.linalg.sub import Sub
     from jask.linalg.sum import Sum
     from jask.linalg.transpose import Transpose
+    from jask.ops.elementwise import Elementwise
+    from jask.ops.reductions import Max, Prod
     out = []
     for dtype in dtypes:
         for e in edges:
@@ -143,7 +150,13 @@ def cases(edges, dtypes):
                 _op_case("transpose", Transpose, [sq], e, dtype),
                 _op_case("transpose_3d", Transpose, [(b, n, n)], e, dtype),
                 _op_case("transpose_axes", Transpose, [(b, n, n)], e, dtype, axes=(2, 0, 1)),
-                _window_case("window_sum_many", Sum(), [(e, e)], [dtype], (), 64, e, dtype, n_tiles=1),
+                # jask.numpy: the generic elementwise op (any jnp function, broadcast operands) and reductions
+                _op_case("np_elementwise", Elementwise, [sq, sq], e, dtype, fn=_np_elementwise),
+                _op_case("np_broadcast_row", Elementwise, [sq, (n,)], e, dtype, fn=jnp.add),
+                _op_case("np_sum_axis", Sum, [sq], e, dtype, axis=1),
+                _op_case("np_max_axis", Max, [sq], e, dtype, axis=0),
+                _op_case("np_prod_axis", Prod, [sq], e, dtype, axis=1),
+                _window_case("window_sum_many", Sum(axes=(0, 1)), [(e, e)], [dtype], (), 64, e, dtype, n_tiles=1),
                 _window_case("window_dot_k8", Dot(), [(e, e), (e, e)], [dtype] * 2, (e, e), 8, e, dtype,
                              n_tiles=4),
                 _window_case("window_add_gathered", Add(), [(e, e), (e, e)], [dtype] * 2, (e, e), 1, e,
@@ -155,7 +168,7 @@ def cases(edges, dtypes):
                             (Square(), ((STEP, 0),)), 2, [t, t], t, 1, e, dtype),
                 _fused_case("fused_sub_square_sum", [(Sub(), ((LEAF, 0), (LEAF, 1)), dt, t, "sub"),
                                                      (Square(), ((STEP, 0),), dt, t, "square")],
-                            (Sum(), ((STEP, 1),)), 2, [t, t], (), 9, e, dtype),
+                            (Sum(axes=(0, 1)), ((STEP, 1),)), 2, [t, t], (), 9, e, dtype),
                 _fused_case("fused_add_scalarmul_T", [(Add(), ((LEAF, 0), (LEAF, 1)), dt, t, "add"),
                                                       (ScalarMul(), ((STEP, 0), (LEAF, 2)), dt, t, "mul")],
                             (Transpose(None, 2), ((STEP, 1),)), 3, [t, t, ()], t, 1, e, dtype),
