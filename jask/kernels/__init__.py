@@ -1,19 +1,24 @@
 """Tile kernels: the one seam where per-tile math runs.
 
-The executor hands a compiled kernel and the stream of one output tile's
-entries to ``backend.output_tile``; a backend decides how the op's
-``forward_block``/``combine`` run. The executor's kernels are fused programs
-(:mod:`jask.base.fusion`): a consumer with its fused producers inlined, so a
-chain of ops is one kernel launch per entry; ``kernel_of(entry)`` picks each
-entry's kernel when an entry's program shape differs (a ragged edge, a tile
-met twice on a diagonal).
+The executor hands a backend a *window*: stacked tiles, an index table and the
+op (a fused program, :mod:`jask.base.fusion`), and gets back every output
+tile's result from ONE call (the contract is :mod:`jask.kernels.window`;
+``backend.compile_window(op, spec)`` compiles it once per window shape).
+``backend.check_settings(label)`` refuses settings the backend cannot honour
+before any tile is read.
 
-* ``xla``: each method jitted once per op instance, entries folded on the host
-  (:mod:`jask.kernels.xla`). The fast path on CPU.
-* ``pallas``: ``pl.pallas_call`` compiled for the local TPU (Mosaic) or GPU
-  (Triton) (:mod:`jask.kernels.pallas`).
+* ``xla``: one jitted program per window, a vmap over tiles of a fold over
+  entries (:mod:`jask.kernels.xla`). The fast path on CPU and GPU.
+* ``pallas``: one ``pl.pallas_call`` per window, compiled for the local TPU
+  (Mosaic) or GPU (Triton) (:mod:`jask.kernels.pallas_window`); a window a
+  platform cannot run raises ``WindowNotLegal`` and runs as the xla program.
+
+The older per-tile seam (``compile``/``output_tile``, one call per output tile)
+is no longer used by the executor; it stays for ``python -m jask.bench.kernels
+--path=kernel`` (the side-by-side baseline) and the gate's ``--legacy`` cases.
+
 * ``pallas-interpret``: the same Pallas programs in interpret mode, on CPU. It
-  proves every lowering in CI and is far too slow for real work.
+  proves every program in CI and is far too slow for real work.
 
 ``auto`` (the default) picks ``pallas`` on TPU and ``xla`` on GPU and CPU (see
 :func:`auto_backend` for the measurement); it never picks interpret mode.
