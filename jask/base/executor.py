@@ -46,7 +46,7 @@ from jask.base.graph import Node, OpNode, ScalarNode, StoredNode, ZerosNode
 from jask.base.op import CustomOp, TiledInput
 from jask.exec.devices import callback_can_use, compute_device, device_budget, warn_host_fallback
 from jask.exec.run_windows import WindowRunner
-from jask.exec.schedule import windows
+from jask.exec.schedule import window_input_bytes, windows
 from jask.io import malloc
 from jask.plan.memory import SLOTS_FIXED, SLOTS_PER_LEAF, SLOTS_PER_OP
 from jask.io.reader import Prefetcher, reader_for
@@ -524,7 +524,7 @@ class Executor:
         the kernel calls; the prefetcher reads the next window's tiles while the
         current window computes.
         """
-        sched = list(windows(self.plan, group, indices, window_limit(self.plan)))
+        sched = list(windows(self.plan, group, indices, window_limit(self.plan), window_input_bytes(self.device)))
         requests = [r for w in sched for r in w.reads]
         depth = max([PREFETCH_DEPTH] + [len(w.reads) for w in sched])
         runner = WindowRunner(self.backend, self.device, {id(n) for n in group}, _count)
@@ -722,12 +722,12 @@ def window_limit(p: Plan) -> int:
 def _planned_io(p: Plan) -> tuple[int, int, int]:
     """Bytes the plan reads from stored arrays and writes for its stages, and its windows (from its schedule)."""
     read = written = n_windows = 0
-    limit = window_limit(p)
+    limit, batch = window_limit(p), window_input_bytes(compute_device())
     for group in p.groups:
         if isinstance(p.prepared[id(group[0])].op, CustomOp):
             continue
         indices = itertools.product(*map(range, grid(group[0].shape, p.tile)))
-        for w in windows(p, group, indices, limit):
+        for w in windows(p, group, indices, limit, batch):
             n_windows += 1
             for _, (store, reg) in w.reads:
                 read += int(np.prod([r.stop - r.start for r in reg])) * store.dtype.itemsize

@@ -32,17 +32,22 @@ class Kernels:
         self._programs: dict = {}
         self._combines: dict = {}
 
-    def program(self, backend, call):
-        """``(program, fell_back)``: the backend's window program, or the xla one where the backend
-        cannot run this window on its platform (a Pallas block that fits no legal shape)."""
-        key = (backend.name, call.program.key(), call.spec)
+    def program(self, backend, call, carried=()):
+        """``(program, how)``: the backend's window program over stacks (``"stacked"``), the xla
+        program over separate tiles (``"tiles"``), or the xla one where a Pallas backend cannot run
+        this window on its platform (``"fallback"``, over separate tiles)."""
+        if backend.name == "xla":
+            key = ("xla-tiles", call.program.key(), call.spec, call.table.tobytes(), call.valid.tobytes(), carried)
+        else:
+            key = (backend.name, call.program.key(), call.spec)
         entry = self._programs.get(key)
         if entry is None:
             op = _identity_op(call.program)
             try:
-                entry = (backend.compile_window(op, call.spec), False)
+                entry = ((xla.compile_window_tiles(op, call.spec, call.table, call.valid, carried), "tiles")
+                         if backend.name == "xla" else (backend.compile_window(op, call.spec), "stacked"))
             except WindowNotLegal:
-                entry = (xla.compile_window(op, call.spec), True)
+                entry = (xla.compile_window_tiles(op, call.spec, call.table, call.valid), "fallback")
             self._programs[key] = entry
             while len(self._programs) > _KERNEL_CACHE_SIZE:
                 self._programs.pop(next(iter(self._programs)))
@@ -72,6 +77,12 @@ def _stack(values, dtype, device):
     parts = [jax.device_put(jnp.asarray(v), device) for v in values]
     out = parts[0][None] if len(parts) == 1 else jnp.stack(parts)
     return out if out.dtype == dtype else out.astype(dtype)
+
+
+def _place(value, dtype, device):
+    """One tile as a kernel argument on ``device``, in the leaf's dtype (aligned host tiles: no copy on CPU)."""
+    x = jax.device_put(value, device)
+    return x if x.dtype == dtype else x.astype(dtype)
 
 
 @dataclasses.dataclass
@@ -106,22 +117,25 @@ class WindowRunner:
         return finished
 
     def _call(self, call, values):
-        program, fell_back = kernels_cache.program(self.backend, call)
-        stacks = []
-        for j, keys in enumerate(call.rows):
-            dtype = np.dtype(call.spec.leaf_dtypes[j])
-            stacks.append(_stack([self._value(k, values) for k in keys], dtype, self.device))
-        table = jax.device_put(call.table, self.device)
-        valid = jax.device_put(call.valid, self.device)
-        out = program(stacks, table, valid)
-        self.count(kernel_calls=1, xla_fallback_calls=int(fell_back), devices=frozenset(out.devices()))
+        store = self.acc if id(call.node) in self.stage_ids else values
+        keys = [("tile", id(call.node), t) for t in call.tiles]
+        carried = tuple(i for i, k in enumerate(keys) if k in store) if self.backend.name == "xla" else ()
+        program, how = kernels_cache.program(self.backend, call, carried)
+        if how == "stacked":
+            stacks = [_stack([self._value(k, values) for k in keys], np.dtype(call.spec.leaf_dtypes[j]),
+                             self.device) for j, keys in enumerate(call.rows)]
+            out = program(stacks, jax.device_put(call.table, self.device),
+                          jax.device_put(call.valid, self.device))
+        else:
+            out = program(*[_place(self._value(k, values), np.dtype(call.spec.leaf_dtypes[j]), self.device)
+                            for j, row_keys in enumerate(call.rows) for k in row_keys],
+                          *[store[keys[i]] for i in carried])
+        self.count(kernel_calls=1, xla_fallback_calls=int(how == "fallback"), devices=frozenset(out[0].devices()))
         combine = kernels_cache.combine(call.program.root_op)
         # Partials stay in the accumulator dtype; a consumer's stack casts them to the node's dtype.
-        store = self.acc if id(call.node) in self.stage_ids else values
-        for i, t in enumerate(call.tiles):
-            key = ("tile", id(call.node), t)
+        for i, key in enumerate(keys):
             part = out[i]
-            store[key] = part if key not in store else combine(store[key], part)
+            store[key] = part if (key not in store or i in carried) else combine(store[key], part)
 
     def _value(self, key, values):
         if key in values:

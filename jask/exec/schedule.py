@@ -35,6 +35,16 @@ from jask.io.reader import TileKey
 from jask.kernels.window import WindowSpec
 from jask.plan.memory import SLOTS_FIXED, SLOTS_PER_LEAF, SLOTS_PER_OP
 
+# A window stops growing once it reads this much: a call's dispatch is then small next to moving
+# its data, and more tiles per call only hold more memory and delay the first kernel. Dispatch
+# costs tens of microseconds on the CPU but ~0.3 ms on an H200, whose memory moves 16 MiB in
+# ~4 us: accelerators take far bigger windows. CPU, 2 GiB sum of 16 MiB tiles (2026-12-04): one
+# tile per window 12-14 GB/s, two 11-12.6 GB/s, stacked into 256 MB windows 2.4 GB/s.
+WINDOW_INPUT_BYTES = {"cpu": 16 << 20, "accelerator": 256 << 20}
+# At most this many entries per window: the xla program is unrolled over them (one compile per
+# window shape), so this bounds its size and compile time.
+MAX_WINDOW_ENTRIES = 256
+
 
 def block_at(shape, idx, tile) -> tuple[int, ...]:
     return tuple(min((i + 1) * tile, d) - i * tile for i, d in zip(idx, shape))
@@ -88,13 +98,15 @@ class _Draft:
         self.constants: dict = {}
         self.nested_done: set = set()     # value keys of nested producer tiles already scheduled
         self.done: list = []
-        self.bytes = 0
+        self.bytes = 0                    # projected bytes (the planner's slot terms)
+        self.inputs = 0                   # bytes of the distinct stored tiles read
         self.entries = 0
 
     # -- costs, without changing the draft
-    def cost(self, node, idx, entries) -> int:
+    def cost(self, node, idx, entries) -> tuple[int, int]:
+        """``(projected bytes, input bytes)`` that scheduling these entries would add to the window."""
         seen: set = set()
-        total = [0]
+        total = [0, 0]
 
         def walk(n, block, ents):
             for e in ents:
@@ -104,15 +116,26 @@ class _Draft:
                         continue
                     seen.add(key)
                     inner = lf.node.resolved()
+                    size = _bytes(block_at(inner.shape, lf.block, self.tile), inner.dtype)
                     if isinstance(inner, StoredNode):
-                        total[0] += SLOTS_PER_LEAF * _bytes(block_at(inner.shape, lf.block, self.tile), inner.dtype)
+                        total[0] += SLOTS_PER_LEAF * size
+                        total[1] += size
                     elif isinstance(inner, OpNode) and id(inner) in self.plan.fused_ids:
-                        total[0] += SLOTS_PER_OP * _bytes(block_at(inner.shape, lf.block, self.tile), inner.dtype)
+                        total[0] += SLOTS_PER_OP * size
                         walk(inner, lf.block, entries_of(self.plan.prepared[id(inner)], inner, lf.block))
 
         walk(node, idx, entries)
         out = _bytes(block_at(node.shape, idx, self.tile), node.dtype)
-        return total[0] + SLOTS_FIXED * out + SLOTS_PER_OP * out * (len(entries) > 0)
+        return total[0] + SLOTS_FIXED * out + SLOTS_PER_OP * out * (len(entries) > 0), total[1]
+
+    def full(self, cost, limit_bytes, batch_bytes, entries=1) -> bool:
+        """Whether adding work of this ``cost`` (and ``entries``) would take a non-empty window past a limit."""
+        return self.entries > 0 and (self.bytes + cost[0] > limit_bytes or self.inputs + cost[1] > batch_bytes
+                                     or self.entries + entries > MAX_WINDOW_ENTRIES)
+
+    def take(self, cost) -> None:
+        self.bytes += cost[0]
+        self.inputs += cost[1]
 
     # -- adding work
     def add(self, node, idx, entries, depth=0) -> str:
@@ -214,11 +237,19 @@ class _Draft:
         return out
 
 
-def windows(plan, group, indices, limit_bytes: int):
+def window_input_bytes(device) -> int:
+    """The input bytes at which a window stops growing on ``device`` (see ``WINDOW_INPUT_BYTES``)."""
+    return WINDOW_INPUT_BYTES["cpu" if device.platform == "cpu" else "accelerator"]
+
+
+def windows(plan, group, indices, limit_bytes: int, batch_bytes: int = WINDOW_INPUT_BYTES["cpu"]):
     """Yield the :class:`Window`\\ s that compute ``indices`` of a lockstep ``group`` (usually one node).
 
     Output tiles come in the order given; a single node's tile with many entries
     (a reduction) may be split across windows, its partials folded by the executor.
+    A window also stops growing once it reads ``batch_bytes`` of input: past
+    that, one call's dispatch is small next to its data, and stacking more
+    tiles only copies them (see ``WINDOW_INPUT_BYTES``).
     """
     stage_ids = {id(n) for n in group}
     draft = _Draft(plan, stage_ids)
@@ -233,18 +264,22 @@ def windows(plan, group, indices, limit_bytes: int):
             node, entries = per_node[0]
             for e in entries:
                 cost = draft.cost(node, idx, [e])
-                if draft.entries and draft.bytes + cost > limit_bytes:
+                if draft.full(cost, limit_bytes, batch_bytes):
                     yield draft.seal()
                     draft = _Draft(plan, stage_ids)
-                draft.bytes += cost
+                    cost = draft.cost(node, idx, [e])
+                draft.take(cost)
                 draft.add(node, idx, [e])
             draft.done.append((node, idx))
             continue
-        cost = sum(draft.cost(n, idx, ents) for n, ents in per_node)
-        if draft.entries and draft.bytes + cost > limit_bytes:
+        costs = [draft.cost(n, idx, ents) for n, ents in per_node]
+        cost = (sum(c[0] for c in costs), sum(c[1] for c in costs))
+        if draft.full(cost, limit_bytes, batch_bytes, sum(len(ents) for _, ents in per_node)):
             yield draft.seal()
             draft = _Draft(plan, stage_ids)
-        draft.bytes += cost
+            costs = [draft.cost(n, idx, ents) for n, ents in per_node]
+            cost = (sum(c[0] for c in costs), sum(c[1] for c in costs))
+        draft.take(cost)
         for n, ents in per_node:
             if ents:
                 draft.add(n, idx, ents)
