@@ -526,7 +526,9 @@ class Executor:
         """
         sched = list(windows(self.plan, group, indices, window_limit(self.plan), window_input_bytes(self.device)))
         requests = [r for w in sched for r in w.reads]
-        depth = max([PREFETCH_DEPTH] + [len(w.reads) for w in sched])
+        sizes = [_region_bytes(store, reg) for _, (store, reg) in requests]
+        depth = prefetch_depth(sizes, max((sum(_region_bytes(st, rg) for _, (st, rg) in w.reads) for w in sched),
+                                          default=0))
         runner = WindowRunner(self.backend, self.device, {id(n) for n in group}, _count)
         with Prefetcher(requests, depth=depth, count=_count, place=self.place) as stream:
             def take(key):
@@ -710,6 +712,30 @@ def _usable_device():
     return jax.devices("cpu")[0]
 
 
+def _region_bytes(store, reg) -> int:
+    return int(np.prod([r.stop - r.start for r in reg], dtype=np.int64)) * store.dtype.itemsize
+
+
+def prefetch_depth(sizes, window_bytes: int) -> int:
+    """Reads the prefetcher may hold: as many as fit one window's bytes wherever they start.
+
+    The depth counts reads, and reads differ in size (a window of many small
+    tiles next to one of large ones), so the count that is safe everywhere is
+    the smallest, over every starting read, of how many consecutive reads fit
+    in the largest window's input bytes; never below ``PREFETCH_DEPTH``.
+    """
+    best, total, j = None, 0, 0
+    for i in range(len(sizes)):
+        j = max(j, i)
+        while j < len(sizes) and total + sizes[j] <= window_bytes:
+            total += sizes[j]
+            j += 1
+        if j < len(sizes):                 # a run cut by the budget, not by the end of the pass
+            best = j - i if best is None else min(best, j - i)
+        total -= sizes[i] if j > i else 0
+    return max(PREFETCH_DEPTH, len(sizes) if best is None else best)
+
+
 def window_limit(p: Plan) -> int:
     """Bytes one window may hold: the host budget, or the device's when that is smaller.
 
@@ -729,8 +755,7 @@ def _planned_io(p: Plan) -> tuple[int, int, int]:
         indices = itertools.product(*map(range, grid(group[0].shape, p.tile)))
         for w in windows(p, group, indices, limit, batch):
             n_windows += 1
-            for _, (store, reg) in w.reads:
-                read += int(np.prod([r.stop - r.start for r in reg])) * store.dtype.itemsize
+            read += sum(_region_bytes(store, reg) for _, (store, reg) in w.reads)
         written += sum(_nbytes(n) for n in group if n.shape != ())
     return read, written, n_windows
 
