@@ -98,3 +98,32 @@ def test_callback_that_cannot_reach_the_device_computes_on_the_host(small_tiles,
             total = jax.jit(lambda s: jask.sum(a * s))(np.float32(2))   # a traced scalar: a callback
     np.testing.assert_allclose(float(total), float((A * 2).sum()))
     assert p.devices == {jax.devices("cpu")[0]}
+
+
+def test_pallas_windows_it_cannot_run_fall_back_per_window(small_tiles, monkeypatch):
+    """A refused Pallas window runs as the xla program of ITS index table, window after window.
+
+    The xla program bakes a window's table in, so it must be cached per table:
+    two windows of one shape with different tables must not share it.
+    """
+    import numpy as np
+    from jask.exec.run_windows import kernels_cache
+    from jask.kernels import pallas as P
+    from jask.kernels.legality import WindowNotLegal
+
+    def refuse(self, op, spec):
+        raise WindowNotLegal("refused for the test")
+
+    monkeypatch.setattr(P.PallasBackend, "compile_window", refuse)
+    monkeypatch.setattr(kernels_cache, "_programs", {})
+    jask.config.update("backend", "pallas-interpret")
+    jask.set_memory_budget(4096)   # many small windows
+    A = np.random.default_rng(3).standard_normal((16, 12)).astype(np.float32)
+    B = np.random.default_rng(4).standard_normal((12, 8)).astype(np.float32)
+    a, b = jask.from_numpy(A), jask.from_numpy(B)
+    with jask.profile() as p:
+        out = np.asarray(a @ b)
+        total = float(jask.sum(a * a))
+    np.testing.assert_allclose(out, A @ B, rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(total, float((A * A).sum()), rtol=1e-5)
+    assert p.windows > 2 and p.xla_fallback_calls == p.kernel_calls

@@ -1,7 +1,8 @@
 #!/bin/bash
 # One call on the lent GPU machine: install carried wheels, then run each check capped, logs to $OUT.
-# From the project root: bash tpu_tests/gpu-check.sh  (carry .whl: zarr, numcodecs, donfig, google-crc32c,
-# dask, partd, locket for cp312; see log.md "GPU"). Each step is capped so the whole call ends in ~7 min.
+# From the project root: bash tpu_tests/gpu-check.sh [quick]  (carry .whl: zarr, numcodecs, donfig,
+# google-crc32c, dask, partd, locket for cp312). Each step is capped so the whole call ends in ~7 min;
+# "quick" (~1 min) runs only the jitted main job on both backends and tpu_tests/test_windows_hw.py.
 set -u
 export PYTHONUNBUFFERED=1 XLA_PYTHON_CLIENT_PREALLOCATE=false TF_CPP_MIN_LOG_LEVEL=2
 ROOT="$(pwd)"
@@ -12,6 +13,11 @@ T0=$(date +%s); el(){ echo "== $1 at +$(( $(date +%s) - T0 ))s" | tee -a "$OUT/e
 { el env; nvidia-smi -L; nproc
   python3 -c "import jax,jaxlib,zarr; print('jax',jax.__version__,'jaxlib',jaxlib.__version__,'zarr',zarr.__version__, jax.devices())"
   python3 -c "import jask; from jask import kernels; print('jask backend', kernels.backend_name())"; } >> "$OUT/env.log" 2>&1
+if [ "${1:-}" = "quick" ]; then
+  el demo; { for b in xla pallas; do echo "### backend=$b"; JASK_BACKEND=$b timeout 50 python3 -m jask.demo --data_dir=$SCR/demo --steps=5; echo "rc=$?"; done; } > "$OUT/demo.log" 2>&1
+  el tpu_tests; timeout 70 python3 -m pytest tpu_tests/test_windows_hw.py -q -o addopts="" -p no:cacheprovider -rfE -s > "$OUT/tpu_tests.log" 2>&1; echo "rc=$?" >> "$OUT/tpu_tests.log"
+  el done; exit 0
+fi
 el kernels
 { for b in xla pallas; do
     for spec in "dot float32" "add float32" "dot bfloat16"; do set -- $spec

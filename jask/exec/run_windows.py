@@ -1,4 +1,4 @@
-"""Running a schedule's windows: stack the tiles, one kernel call per program shape, fold, hand out tiles.
+"""Running a schedule's windows: one kernel call per program shape, partials folded, tiles handed out.
 
 Tiles read from disk arrive from the prefetcher in the schedule's read order
 (already on the compute device where that is not the host). Every call's
@@ -33,25 +33,33 @@ class Kernels:
         self._combines: dict = {}
 
     def program(self, backend, call, carried=()):
-        """``(program, how)``: the backend's window program over stacks (``"stacked"``), the xla
-        program over separate tiles (``"tiles"``), or the xla one where a Pallas backend cannot run
-        this window on its platform (``"fallback"``, over separate tiles)."""
-        if backend.name == "xla":
-            key = ("xla-tiles", call.program.key(), call.spec, call.table.tobytes(), call.valid.tobytes(), carried)
-        else:
+        """``(program, how)``: the backend's window program over stacks (``"stacked"``), or the xla
+        program over separate tiles (``"tiles"``; ``"fallback"`` where a Pallas backend cannot run
+        this window on its platform). The xla program bakes in the window's index table, so it is
+        cached per table; a Pallas program takes the table as an operand."""
+        if backend.name != "xla":
             key = (backend.name, call.program.key(), call.spec)
+            entry = self._programs.get(key)
+            if entry is None:
+                try:
+                    entry = (backend.compile_window(_identity_op(call.program), call.spec), "stacked")
+                except WindowNotLegal:
+                    entry = (None, "refused")
+                self._remember(key, entry)
+            if entry[1] == "stacked":
+                return entry
+        key = ("xla-tiles", call.program.key(), call.spec, call.table.tobytes(), call.valid.tobytes(), carried)
         entry = self._programs.get(key)
         if entry is None:
-            op = _identity_op(call.program)
-            try:
-                entry = ((xla.compile_window_tiles(op, call.spec, call.table, call.valid, carried), "tiles")
-                         if backend.name == "xla" else (backend.compile_window(op, call.spec), "stacked"))
-            except WindowNotLegal:
-                entry = (xla.compile_window_tiles(op, call.spec, call.table, call.valid), "fallback")
-            self._programs[key] = entry
-            while len(self._programs) > _KERNEL_CACHE_SIZE:
-                self._programs.pop(next(iter(self._programs)))
+            fn = xla.compile_window_tiles(_identity_op(call.program), call.spec, call.table, call.valid, carried)
+            entry = (fn, "tiles" if backend.name == "xla" else "fallback")
+            self._remember(key, entry)
         return entry
+
+    def _remember(self, key, entry) -> None:
+        self._programs[key] = entry
+        while len(self._programs) > _KERNEL_CACHE_SIZE:
+            self._programs.pop(next(iter(self._programs)))
 
     def combine(self, root_op):
         key = _Same(root_op)
@@ -125,18 +133,21 @@ class WindowRunner:
     def _call(self, call, values):
         store = self.acc if id(call.node) in self.stage_ids else values
         keys = [("tile", id(call.node), t) for t in call.tiles]
-        carried = tuple(i for i, k in enumerate(keys) if k in store) if self.backend.name == "xla" else ()
+        carried = tuple(i for i, k in enumerate(keys) if k in store)
         program, how = kernels_cache.program(self.backend, call, carried)
         if how == "stacked":
-            stacks = [_stack([self._value(k, values) for k in keys], np.dtype(call.spec.leaf_dtypes[j]),
-                             self.device) for j, keys in enumerate(call.rows)]
+            carried = ()   # a Pallas program folds nothing in: partials are combined below
+            stacks = [_stack([self._value(k, values) for k in row_keys], np.dtype(call.spec.leaf_dtypes[j]),
+                             self.device) for j, row_keys in enumerate(call.rows)]
             out = program(stacks, jax.device_put(call.table, self.device),
                           jax.device_put(call.valid, self.device))
+            devices = out.devices()
         else:
             out = program(*[_place(self._value(k, values), np.dtype(call.spec.leaf_dtypes[j]), self.device)
                             for j, row_keys in enumerate(call.rows) for k in row_keys],
                           *[store[keys[i]] for i in carried])
-        self.count(kernel_calls=1, xla_fallback_calls=int(how == "fallback"), devices=frozenset(out[0].devices()))
+            devices = out[0].devices()
+        self.count(kernel_calls=1, xla_fallback_calls=int(how == "fallback"), devices=frozenset(devices))
         combine = kernels_cache.combine(call.program.root_op)
         # Partials stay in the accumulator dtype; a consumer's stack casts them to the node's dtype.
         for i, key in enumerate(keys):
