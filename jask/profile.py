@@ -102,7 +102,11 @@ class Profile(executor.Stats):
         moved = self.bytes_read + self.bytes_written
         if moved:
             parts[-1] += f" ({_fmt_bytes(moved / wall)}/s)"
+        devices = ", ".join(sorted(str(d) for d in self.devices)) or "none"
+        fallback = f" ({self.xla_fallback_calls} run by xla)" if self.xla_fallback_calls else ""
         lines = [", ".join(parts),
+                 f"{_plural(self.windows, 'window')}, {_plural(self.kernel_calls, 'kernel call')}{fallback} "
+                 f"on {devices}",
                  f"I/O {self.io_seconds:.3g} s (waited {self.io_wait_seconds:.3g} s, "
                  f"{100 * self.io_wait_seconds / wall:.0f}% of wall), compute {self.compute_seconds:.3g} s",
                  self.memory_line()]

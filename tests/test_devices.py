@@ -127,3 +127,38 @@ def test_pallas_windows_it_cannot_run_fall_back_per_window(small_tiles, monkeypa
     np.testing.assert_allclose(out, A @ B, rtol=1e-5, atol=1e-5)
     np.testing.assert_allclose(total, float((A * A).sum()), rtol=1e-5)
     assert p.windows > 2 and p.xla_fallback_calls == p.kernel_calls
+
+
+def test_a_temporary_outlives_the_dispatched_program_that_reads_it(small_tiles):
+    """A store read by an asynchronously dispatched program stays until that program has read it.
+
+    On a GPU, a temporary was deleted while a dispatched program still had to
+    read it ("deleted while still in use"). Here: a jitted call over a
+    temporary is dispatched, the user drops the temporary and starts another
+    op at once, and every read is slowed down, so a release that did not wait
+    for the program would delete the store under it.
+    """
+    import gc
+    import os
+    import time
+
+    import jax
+    import jax.numpy as jnp
+    import numpy as np
+    from jask.io import faults
+
+    A = np.arange(96, dtype=np.float32).reshape(8, 12)
+    tmp = jask.persist(jask.from_numpy(A) * 2.0)            # a scratch store, owned by jask
+    path = tmp.path
+    slow = lambda point, info: time.sleep(0.02) if point == "before_tile_read" else None  # noqa: E731
+    f = jax.jit(lambda t, s: jask.sum(t * s))
+    with faults.armed(slow):
+        result = f(tmp, jnp.float32(3.0))                    # may return before its callbacks have run
+        del tmp
+        gc.collect()
+        other = jask.sum(jask.from_numpy(A))                 # an op call: releases finished calls' nodes
+        np.testing.assert_allclose(float(result), float((A * 6).sum()), rtol=1e-6)
+    np.testing.assert_allclose(float(other), float(A.sum()), rtol=1e-6)
+    jask.sum(jask.from_numpy(A))                            # a later op releases the temporary
+    gc.collect()
+    assert not os.path.exists(path), "the temporary is deleted once nothing reads it"

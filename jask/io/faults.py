@@ -23,6 +23,9 @@ final path; the tile points also get ``region``):
     replacing: the old array moved to its ``-old-`` sibling.
 ``after_commit``
     done; the old folder is removed, or left to readers still holding it.
+``before_tile_read``
+    a reader is about to read one region of a store (``path``, ``region``);
+    a hook that sleeps here makes a slow disk (lifetime tests).
 
 A crash before ``after_swap`` leaves the old value (with two renames: before
 ``after_old_aside``, from where recovery finishes the swap), from it on the new
@@ -50,7 +53,7 @@ import signal
 import threading
 
 POINTS = ("after_create", "before_tile_write", "after_tile_write", "before_commit", "after_new_ready",
-          "after_old_aside", "after_swap", "after_retire", "after_commit")
+          "after_old_aside", "after_swap", "after_retire", "after_commit", "before_tile_read")
 
 hook = None  # None (unarmed), or a callable (point: str, info: dict)
 

@@ -42,7 +42,7 @@ from typing import NamedTuple
 
 import numpy as np
 
-from jask.io import dtypes
+from jask.io import dtypes, faults
 from jask.io.store import folder_deleted
 
 MAX_UINT64 = np.uint64(2**64 - 1)
@@ -221,6 +221,8 @@ class TileReader:
         elif out.shape != shape or out.dtype != self.dtype:
             raise ValueError(f"read buffer of shape {out.shape} {out.dtype} does not fit region "
                              f"{describe_region(region)} of {self.path} ({self.dtype})")
+        if faults.hook is not None:
+            faults.fire("before_tile_read", path=self.path, region=region)
         if folder_deleted(self._pin, self.path):
             raise MissingChunkError(f"the Zarr store at {self.path} was deleted while still in use",
                                     path=self.path, region=region)
