@@ -8,7 +8,7 @@ before any byte moves, and its result drives both the reader and the kernels:
   prefetcher reads them (the executor takes them in the same order);
 * ``calls``: kernel calls in dependency order. Entries of one node whose
   fused programs have the same shape (the same ops, wiring and leaf block
-  shapes) share one call over stacked tiles (:mod:`jask.kernels.window`), so
+  shapes) share one call (:mod:`jask.kernels.window`), so
   a window of equal tiles is ONE kernel call; ragged edge tiles, a tile met
   twice on a diagonal, and fused multi-entry producers (a ``dot`` under an
   epilogue, computed for the tiles its consumer needs) get calls of their own;
@@ -17,9 +17,10 @@ before any byte moves, and its result drives both the reader and the kernels:
 A window grows until its projected bytes (``SLOTS_PER_LEAF`` per distinct
 stored tile read, ``SLOTS_PER_OP`` per computed intermediate tile,
 ``SLOTS_FIXED`` per output tile: the planner's own terms) would pass the
-limit, so one window is at most what the planner projected for one tile when
-the tile already fills the budget, and many small tiles share a call when
-they are small. Tiles of a lockstep group move together: a member may read an
+limit, or its input would pass ``WINDOW_INPUT_BYTES``, or its entries
+``MAX_WINDOW_ENTRIES``: one window is at most what the planner projected for
+one tile when the tile already fills the budget, and small tiles share a call.
+Tiles of a lockstep group move together: a member may read an
 earlier member's tile of the same index from memory.
 """
 from __future__ import annotations
@@ -62,9 +63,10 @@ def _bytes(shape, dtype) -> int:
 class Call:
     """One kernel call: ``program`` over ``spec``-shaped stacks of the values named in ``rows``.
 
-    ``rows[j]`` lists the value keys stacked for leaf position j; ``tiles``
-    the output tile of each result row; ``finish[i]`` whether result row i
-    completes that tile (a nested producer's tiles always complete).
+    ``rows[j]`` lists the value keys of leaf position j's distinct tiles (the
+    stack rows); ``tiles`` the output tile of each result row. A nested
+    producer's tiles are complete after its calls; a stage tile's partials may
+    continue in the next window (the runner carries them).
     """
 
     node: OpNode
@@ -96,7 +98,6 @@ class _Draft:
         self.produced: dict = {}          # value key -> group key that produces it
         self.reads: dict = {}             # value key -> read request (insertion ordered)
         self.constants: dict = {}
-        self.nested_done: set = set()     # value keys of nested producer tiles already scheduled
         self.done: list = []
         self.bytes = 0                    # projected bytes (the planner's slot terms)
         self.inputs = 0                   # bytes of the distinct stored tiles read
@@ -248,8 +249,8 @@ def windows(plan, group, indices, limit_bytes: int, batch_bytes: int = WINDOW_IN
     Output tiles come in the order given; a single node's tile with many entries
     (a reduction) may be split across windows, its partials folded by the executor.
     A window also stops growing once it reads ``batch_bytes`` of input: past
-    that, one call's dispatch is small next to its data, and stacking more
-    tiles only copies them (see ``WINDOW_INPUT_BYTES``).
+    that, one call's dispatch is small next to its data, and more tiles per
+    call only hold more memory (see ``WINDOW_INPUT_BYTES``).
     """
     stage_ids = {id(n) for n in group}
     draft = _Draft(plan, stage_ids)
