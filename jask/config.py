@@ -95,11 +95,12 @@ def set_memory_budget(budget, scratch_dir=None, allow_tmpfs: bool = False, devic
         compute device's free memory; on the host CPU the budget above).
     """
     n = parse_bytes(budget)
-    if device_budget is not None:
-        config.device_budget = parse_bytes(device_budget)
+    device_n = None if device_budget is None else parse_bytes(device_budget)
     if scratch_dir is not None:
         from jask.io import scratch
         scratch.check_scratch_dir(os.fspath(scratch_dir), allow_tmpfs)
         config.scratch_dir = os.fspath(scratch_dir)
     config.allow_tmpfs = allow_tmpfs
     config.memory_budget = n
+    if device_n is not None:
+        config.device_budget = device_n

@@ -9,9 +9,8 @@ from __future__ import annotations
 
 import dataclasses
 
-import numpy as np
-
 import jax
+import numpy as np
 
 from jask.base import compat
 from jask.base.graph import Node, OpNode, StoredNode, ZerosNode, handles

@@ -37,7 +37,6 @@ import weakref
 from collections import defaultdict
 
 import jax
-import jax.numpy as jnp
 import numpy as np
 
 from jask import kernels
@@ -48,9 +47,9 @@ from jask.exec.devices import callback_can_use, compute_device, device_budget, w
 from jask.exec.run_windows import WindowRunner
 from jask.exec.schedule import window_input_bytes, windows
 from jask.io import malloc
-from jask.plan.memory import SLOTS_FIXED, SLOTS_PER_LEAF, SLOTS_PER_OP
 from jask.io.reader import Prefetcher, reader_for
 from jask.io.writer import WriteBehind
+from jask.plan.memory import SLOTS_FIXED, SLOTS_PER_LEAF, SLOTS_PER_OP
 
 MAX_TILE_ELEMENTS = 2**24  # 64 MiB of float32: bigger tiles stop paying off
 MIN_TILE_EDGE = 8
@@ -526,9 +525,8 @@ class Executor:
         """
         sched = list(windows(self.plan, group, indices, window_limit(self.plan), window_input_bytes(self.device)))
         requests = [r for w in sched for r in w.reads]
-        sizes = [_region_bytes(store, reg) for _, (store, reg) in requests]
-        depth = prefetch_depth(sizes, max((sum(_region_bytes(st, rg) for _, (st, rg) in w.reads) for w in sched),
-                                          default=0))
+        per_window = [[_region_bytes(store, reg) for _, (store, reg) in w.reads] for w in sched]
+        depth = prefetch_depth([b for sizes in per_window for b in sizes], max(map(sum, per_window), default=0))
         runner = WindowRunner(self.backend, self.device, {id(n) for n in group}, _count)
         with Prefetcher(requests, depth=depth, count=_count, place=self.place) as stream:
             def take(key):
@@ -552,8 +550,8 @@ class Executor:
                     expected = _block_at(node.shape, idx, self.tile)
                     if tile is None:
                         tile = np.zeros(expected, node.dtype)
-                    tile = jnp.asarray(tile).astype(node.dtype) if not isinstance(tile, np.ndarray) \
-                        else tile.astype(node.dtype, copy=False)
+                    tile = tile.astype(node.dtype, copy=False) if isinstance(tile, np.ndarray) \
+                        else tile.astype(node.dtype)
                     if tuple(tile.shape) != expected:
                         raise ValueError(f"{self.plan.prepared[id(node)].name}.forward_block produced a tile of "
                                          f"shape {tuple(tile.shape)} for output tile {tuple(idx)}, "

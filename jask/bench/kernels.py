@@ -14,6 +14,7 @@ expression timed in the same run, and the same ratio in process CPU seconds
 from __future__ import annotations
 
 import dataclasses
+import functools
 import itertools
 import math
 import os
@@ -38,9 +39,10 @@ flags.DEFINE_enum("dtype", "float32", ["float32", "bfloat16", "float16"], "eleme
 flags.DEFINE_enum("blocks_from", "jax", ["jax", "numpy"],
                   "kernel path: slice blocks from the jax arrays jnp gets (the same in-memory data), "
                   "or from NumPy arrays, which adds a host copy per block as Zarr reads do")
-flags.DEFINE_enum("path", "window", ["window", "kernel", "jask"],
-                  "window: the whole array as one window program, as the executor runs a window (blocks "
-                  "stacked on the device, one kernel call); kernel: the older per-tile seam "
+flags.DEFINE_enum("path", "window", ["window", "tiles", "kernel", "jask"],
+                  "window: the whole array as one window program over stacked blocks (the Pallas "
+                  "executor's form, one kernel call); tiles: the xla executor's form, the blocks as "
+                  "separate arguments of one program (--backend=xla); kernel: the older per-tile seam "
                   "(backend.output_tile, one call per output tile); jask: the full pipeline from Zarr stores")
 
 
@@ -137,13 +139,14 @@ def _unstack_blocks(out, shape, block):
     return out.reshape(r // br, c // bc, br, bc).transpose(0, 2, 1, 3).reshape(r, c)
 
 
-def run_window_path(case: Case, inputs, block: int, backend_name: str):
+def run_window_path(case: Case, inputs, block: int, backend_name: str, separate_tiles: bool = False):
     """The whole output as ONE window program (:mod:`jask.kernels.window`), as the executor runs a window.
 
     Inputs are cut into stacked blocks once, before timing, as the streaming
     layer hands a window to the kernel layer; the timed function is the one
     kernel call. Shapes must be multiples of the block (a window holds tiles
-    of one shape).
+    of one shape). With ``separate_tiles`` the blocks are separate arguments of
+    the xla program the executor runs (``xla.compile_window_tiles``).
     """
     from jask import kernels
     from jask.kernels.window import WindowSpec
@@ -170,16 +173,27 @@ def run_window_path(case: Case, inputs, block: int, backend_name: str):
     direct = k == 1 and all((table[:, 0, j] == np.arange(len(tiles))).all() for j in range(len(inputs)))
     spec = WindowSpec(tuple(t.block_shape for t in tiled), tuple(np.dtype(t.dtype) for t in tiled), rows,
                       len(tiles), k, out_block, direct)
-    program = kernels.get_backend(backend_name).compile_window(op, spec)
     stacks = jax.block_until_ready(
         jax.jit(lambda *xs: [_stack_blocks(x, t.block_shape) for x, t in zip(xs, tiled)])(*inputs))
-    table_d, valid_d = jnp.asarray(table), jnp.asarray(valid)
+    if separate_tiles:
+        from jask.kernels.xla import compile_window_tiles
+        if backend_name != "xla":
+            raise app.UsageError("--path=tiles is the xla backend's program: use --backend=xla")
+        program = compile_window_tiles(op, spec, table, valid)
+        blocks = jax.block_until_ready([row for stack in stacks for row in stack])
 
-    def compute():
-        return program(stacks, table_d, valid_d)
+        def compute():
+            return program(*blocks)
+    else:
+        program = kernels.get_backend(backend_name).compile_window(op, spec)
+        table_d, valid_d = jnp.asarray(table), jnp.asarray(valid)
+
+        def compute():
+            return program(stacks, table_d, valid_d)
 
     def assemble(out):
-        return np.asarray(_unstack_blocks(np.asarray(out), out_shape, out_block)).astype(out_dtype)
+        out = np.stack([np.asarray(t) for t in out]) if isinstance(out, list) else np.asarray(out)
+        return np.asarray(_unstack_blocks(out, out_shape, out_block)).astype(out_dtype)
 
     return compute, assemble
 
@@ -233,8 +247,9 @@ def bench_op(name: str, n: int, block: int, backend: str, repeat: int, dtype: st
             return case.ref(*xs)
 
     ref = jax.jit(ref_fn)
-    runner = {"window": run_window_path, "kernel": run_kernel_path, "jask": run_jask_path}[path]
-    data = ref_inputs if (path in ("window", "kernel") and blocks_from == "jax") else inputs
+    runner = {"window": run_window_path, "kernel": run_kernel_path, "jask": run_jask_path,
+              "tiles": functools.partial(run_window_path, separate_tiles=True)}[path]
+    data = ref_inputs if (path != "jask" and blocks_from == "jax") else inputs
     compute, assemble = runner(case, data, block, backend)
     (ref_times, ref_cpu), (times, cpu) = _time_interleaved([lambda: ref(*ref_inputs), compute], repeat)
     got, want = assemble(compute()), np.asarray(ref(*ref_inputs))

@@ -45,6 +45,8 @@ import numpy as np
 from jax import lax
 from jax.experimental import pallas as pl
 
+from jask.kernels.window import widen_dtype
+
 MAX_CHUNK = 16        # entries per pallas_call in output_tile
 CHUNK_BUDGET_SHARE = 16  # a chunk's blocks (fetched + stacked copy) use at most budget / this
 MAX_SELECT = 64       # window_call: entries selected in-trace; more are tabulated
@@ -78,12 +80,7 @@ def current_platform() -> str:
     return "gpu" if p in ("gpu", "cuda", "rocm") else p
 
 
-def accumulator_dtype(dtype) -> np.dtype:
-    """float32 for low-precision floats (bf16, f16), else the dtype itself."""
-    dtype = jnp.dtype(dtype)
-    if jnp.issubdtype(dtype, jnp.floating) and dtype.itemsize < 4:
-        return jnp.dtype(jnp.float32)
-    return dtype
+accumulator_dtype = widen_dtype   # float32 for low-precision floats (bf16, f16), else the dtype itself
 
 
 def _pow2(n: int) -> bool:

@@ -1,16 +1,17 @@
-"""The ``xla`` backend: one jitted step per op, tiles folded on the host."""
+"""The ``xla`` backend: one jitted program per window (and the older per-tile step, for the kernel bench)."""
 from __future__ import annotations
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 
+from jask.kernels.window import widen_dtype
+
 
 def _widen(x):
     """Accumulate low-precision floats (bf16, f16) in float32."""
-    if jnp.issubdtype(x.dtype, jnp.floating) and jnp.dtype(x.dtype).itemsize < 4:
-        return x.astype(jnp.float32)
-    return x
+    wide = widen_dtype(x.dtype)
+    return x if wide == x.dtype else x.astype(wide)
 
 
 class TileKernel:
