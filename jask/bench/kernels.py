@@ -239,8 +239,8 @@ def bench_op(name: str, n: int, block: int, backend: str, repeat: int, dtype: st
     ref_inputs = [jnp.asarray(x) for x in inputs]
     # the same matmul precision as jask's contractions (jask.config "precision", default highest):
     # otherwise a GPU's jnp would multiply float32 in TF32 and the ratio would compare different math
-    from jask.kernels.xla import precision
-    prec = precision()
+    from jask.kernels.window import contraction_precision
+    prec = contraction_precision([dtype])
 
     def ref_fn(*xs):
         with jax.default_matmul_precision(prec):
@@ -266,7 +266,12 @@ def bench_op(name: str, n: int, block: int, backend: str, repeat: int, dtype: st
                 median_s=med, best_s=min(times), rate=rate, unit=unit,
                 jnp_median_s=ref_med, jnp_rate=ref_rate, ratio=med / ref_med,
                 cpu_s=statistics.median(cpu), jnp_cpu_s=statistics.median(ref_cpu),
-                cpu_ratio=statistics.median(cpu) / statistics.median(ref_cpu), max_abs_err=err)
+                cpu_ratio=_ratio(statistics.median(cpu), statistics.median(ref_cpu)), max_abs_err=err)
+
+
+def _ratio(a: float, b: float) -> float:
+    """a / b, or NaN where ``b`` is 0 (jnp on an accelerator can spend no measurable host CPU time)."""
+    return a / b if b > 0 else float("nan")
 
 
 def main(argv):

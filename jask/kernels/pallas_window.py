@@ -32,13 +32,7 @@ from jax import lax
 from jax.experimental import pallas as pl
 
 from jask.kernels import legality
-from jask.kernels.window import WindowSpec, widen_dtype
-
-
-def precision() -> str:
-    """The float32 contraction precision jask uses: ``config.precision`` or ``highest``."""
-    from jask.config import config
-    return getattr(config, "precision", "highest")
+from jask.kernels.window import WindowSpec, contraction_precision, widen_dtype
 
 
 def _tpu_params(semantics, limits):
@@ -63,7 +57,8 @@ def window_program(op, spec: WindowSpec, target: str, interpret: bool, limits=le
     ``interpret`` runs the same kernel in Pallas interpret mode (CPU).
     """
     acc_dtype = widen_dtype(jax.eval_shape(op.forward_block, *spec.leaf_structs).dtype)
-    with jax.default_matmul_precision(precision()):
+    prec = contraction_precision(spec.leaf_dtypes)
+    with jax.default_matmul_precision(prec):
         plan = legality.plan(op, spec, acc_dtype, target, limits)
     build = _gpu_call if target == "gpu" else _tpu_call
     name = getattr(op, "label", type(op).__name__.lower())
@@ -71,7 +66,7 @@ def window_program(op, spec: WindowSpec, target: str, interpret: bool, limits=le
     def run(stacks, table, valid):
         operands = [_leaf_operand(s, table[:, :, j], spec.direct)
                     for j, s in enumerate(stacks)]
-        with jax.default_matmul_precision(precision()):
+        with jax.default_matmul_precision(prec):
             return build(op, spec, plan, acc_dtype, operands, valid, interpret, limits, name)
 
     return run
@@ -190,7 +185,7 @@ def _tpu_call(op, spec, plan, acc_dtype, operands, valid, interpret, limits, nam
         i, p, k, r = split(g)
         vals = [ref[i * k_len + k] if s else ref[...].reshape(b) for ref, s, b in zip(in_refs, scalar, in_blocks)]
         if plan.kind == "matmul":
-            part = lax.dot_general(vals[0], vals[1], (((1,), (0,)), ((), ())), precision=precision(),
+            part = lax.dot_general(vals[0], vals[1], (((1,), (0,)), ((), ())),
                                    preferred_element_type=acc_dtype)
         else:
             part = _forward(op, plan, out_tile)(*vals)
@@ -265,7 +260,7 @@ def _gpu_call(op, spec, plan, acc_dtype, operands, valid, interpret, limits, nam
             def step(kk, acc):
                 a = in_refs[0][k, :, pl.ds(kk * bk, bk)]
                 b = in_refs[1][k, pl.ds(kk * bk, bk), :]
-                return acc + lax.dot_general(a, b, (((1,), (0,)), ((), ())), precision=precision(),
+                return acc + lax.dot_general(a, b, (((1,), (0,)), ((), ())),
                                              preferred_element_type=acc_dtype)
             return lax.fori_loop(0, tk // bk, step, jnp.zeros((bm, bn), acc_dtype))
         vals = [ref[k] for ref in in_refs]

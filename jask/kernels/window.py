@@ -63,3 +63,21 @@ def widen_dtype(dtype) -> np.dtype:
     if jnp.issubdtype(dtype, jnp.floating) and dtype.itemsize < 4:
         return jnp.dtype(jnp.float32)
     return dtype
+
+
+def contraction_precision(dtypes) -> str:
+    """The matmul precision for a program over operands of ``dtypes``: ``config.precision`` (default
+    ``highest``), or ``default`` when every floating operand is low-precision (bf16, f16).
+
+    ``highest`` because Hopper GPUs and TPUs otherwise multiply float32 in
+    TF32/bfloat16 passes, about 1e-3 relative away from the CPU's result. A
+    bf16 product is one exact pass anyway, and Mosaic TPU refuses an fp32
+    contract precision on bf16 vectors (seen on a v5e), so low-precision
+    programs keep the default.
+    """
+    import jax.numpy as jnp
+    from jask.config import config
+    floats = [jnp.dtype(d) for d in dtypes if jnp.issubdtype(jnp.dtype(d), jnp.floating)]
+    if floats and all(d.itemsize < 4 for d in floats):
+        return "default"
+    return getattr(config, "precision", "highest")

@@ -5,7 +5,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from jask.kernels.window import widen_dtype
+from jask.kernels.window import contraction_precision, widen_dtype
 
 
 def _widen(x):
@@ -53,16 +53,6 @@ class XlaBackend:
         return None if acc is None else jnp.asarray(acc).astype(out_dtype)
 
 
-def precision():
-    """The matmul precision float32 contractions use (``jask.config.update("precision", ...)``).
-
-    ``highest`` by default: Hopper GPUs and TPUs otherwise multiply float32 in
-    TF32/bfloat16 passes, about 1e-3 relative away from the CPU's result.
-    """
-    from jask.config import config
-    return getattr(config, "precision", "highest")
-
-
 def compile_window(op, spec):
     """One jitted program for a window (:mod:`jask.kernels.window`): vmap over tiles of a fold over K.
 
@@ -71,7 +61,7 @@ def compile_window(op, spec):
     inside the program. The fold is a ``fori_loop``, so the program's size does
     not grow with K.
     """
-    prec = precision()
+    prec = contraction_precision(spec.leaf_dtypes)
 
     def entry(stacks, rows):
         return _widen(op.forward_block(*[s[r] for s, r in zip(stacks, rows)]))
@@ -110,7 +100,7 @@ def compile_window_tiles(op, spec, table, valid, carried=()):
     the program still compiles once per pass. The schedule caps a window's
     entries (``MAX_WINDOW_ENTRIES``), which bounds the program's size.
     """
-    prec = precision()
+    prec = contraction_precision(spec.leaf_dtypes)
     bounds = np.cumsum([0] + list(spec.stack_rows))
     plan = [[tuple(int(r) for r in table[i, k]) for k in range(spec.k) if valid[i, k]]
             for i in range(spec.n_tiles)]

@@ -1,0 +1,51 @@
+#!/bin/bash
+# One call on the lent TPU machine (tpu-v5e: Python 3.11, jax 0.10.2 + libtpu installed, no zarr, no
+# network): install the carried wheels, then run each check capped, logs to $OUT.
+# From the project root: bash tpu_tests/tpu-check.sh [STEPS]   carry: [".whl-tpu"]
+# STEPS is a comma list of env,hw,kernels,demo,bench,tests (default all, about 17 minutes capped: split it over
+# two calls, e.g. env,hw,kernels,demo then bench,tests).
+# Wheels (cp311, manylinux x86_64) into .whl-tpu: zarr numcodecs donfig google-crc32c pyyaml optax
+# absl-py dask partd locket toolz click cloudpickle fsspec importlib_metadata zipp.
+# One program at a time may hold the chip, so every step runs in one process, one after another.
+set -u
+export PYTHONUNBUFFERED=1 TF_CPP_MIN_LOG_LEVEL=2
+ROOT="$(pwd)"
+STEPS=",${1:-env,hw,kernels,demo,bench,tests},"
+want(){ [[ "$STEPS" == *",$1,"* ]]; }
+PIP_CONFIG_FILE=/dev/null python3 -m pip install --isolated -q --no-index --no-deps --no-compile \
+  --no-cache-dir --upgrade --target /tmp/site "$ROOT"/.whl-tpu/*.whl > "$OUT/env.log" 2>&1 || { cat "$OUT/env.log"; exit 1; }
+export PYTHONPATH=${PYTHONPATH:-}:/tmp/site:$ROOT
+SCR=$HOME/jaskscr; mkdir -p $SCR; export JASK_SCRATCH_DIR=$SCR/scratch
+T0=$(date +%s); el(){ echo "== $1 at +$(( $(date +%s) - T0 ))s" | tee -a "$OUT/env.log"; }
+if want env; then
+  { el env; nproc; free -g | head -2; df -h $HOME /tmp | cat; python3 -c 'import platform; print(platform.libc_ver())'
+    python3 -c "import jax,jaxlib,zarr,optax; print('jax',jax.__version__,'jaxlib',jaxlib.__version__,'zarr',zarr.__version__,'optax',optax.__version__, jax.devices())"
+    python3 -c "import jask; from jask import kernels; print('jask backend', kernels.backend_name())"
+    python3 -c "import resource, jax; r0 = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss; jax.devices(); jax.numpy.zeros(1).block_until_ready(); print('peak RSS MiB: after import', r0 // 1024, 'after opening the device', resource.getrusage(resource.RUSAGE_SELF).ru_maxrss // 1024)"; } >> "$OUT/env.log" 2>&1
+fi
+if want hw; then
+  el hw; timeout 240 python3 -m pytest tpu_tests -q -o addopts="" -p no:cacheprovider --maxfail=20 -rfE > "$OUT/hw.log" 2>&1; echo "rc=$?" >> "$OUT/hw.log"
+fi
+if want kernels; then
+  el kernels
+  { for b in xla pallas; do for d in float32 bfloat16; do
+      echo "### backend=$b dtype=$d"
+      timeout 60 python3 -m jask.bench.kernels --op=dot,add --dtype=$d --n=8192 --block=1024 --backend=$b --repeat=5 2>&1 | grep -vE "^(I|W)[0-9]{4}" | tail -8
+    done; done
+    echo "### backend=xla path=tiles"
+    timeout 50 python3 -m jask.bench.kernels --op=dot,add --n=8192 --block=1024 --backend=xla --path=tiles --repeat=5 2>&1 | tail -4
+  } > "$OUT/kernels.log" 2>&1
+fi
+if want demo; then
+  el demo; { for b in auto xla; do echo "### backend=$b"; JASK_BACKEND=$b timeout 70 python3 -m jask.demo --data_dir=$SCR/demo; echo "rc=$?"; done
+    echo "### 4 GiB, backend=auto, budget 1GB"
+    timeout 120 python3 -m jask.demo --data_dir=$SCR/demo4 --rows=8388608 --features=128 --budget=1GB --steps=3; echo "rc=$?"; } > "$OUT/demo.log" 2>&1
+fi
+if want bench; then
+  el bench; timeout 120 python3 -m jask.bench --workload=sum,grad --gib=2 --budget=2GB --repeat=2 --peers=jnp,raw-io --cache=warm --data_dir=$SCR/bd --out=$SCR/bout > "$OUT/bench.log" 2>&1; echo "rc=$?" >> "$OUT/bench.log"
+  cp $SCR/bout/results.md "$OUT/bench_results.md" 2>/dev/null
+fi
+if want tests; then
+  el tests; timeout 300 python3 -m pytest tests -q -o addopts="" -p no:cacheprovider --maxfail=40 -rfE -m "not slow" > "$OUT/tests.log" 2>&1; echo "rc=$?" >> "$OUT/tests.log"
+fi
+el done
