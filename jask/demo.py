@@ -115,12 +115,16 @@ def memory_lines(p, steps, baseline: int, budget: int) -> str:
     set, the growth during one step, which the budget bounds. The first step
     also compiles the step, so it is shown apart.
     """
-    if p.peak_rss_is_lifetime:
-        return p.memory_line()
     mib = lambda n: f"{n / 2**20:.0f} MiB"
     added = max(p.peak_rss_bytes - baseline, 0)
-    lines = [f"memory: peak RSS {mib(p.peak_rss_bytes)} = runtime baseline {mib(baseline)} (Python, JAX, "
-             f"XLA at start-up) + {mib(added)} added since (compiled step, caches, jask's tiles)"]
+    when = " over the process's lifetime" if p.peak_rss_is_lifetime else ""
+    lines = [f"memory: peak RSS {mib(p.peak_rss_bytes)}{when} = runtime baseline {mib(baseline)} (Python, JAX, "
+             f"XLA and the device runtime at start-up) + {mib(added)} added since (compiled step, caches, "
+             "jask's tiles)"]
+    if p.peak_rss_is_lifetime:   # e.g. gVisor: no resettable peak, so no per-step working set
+        lines.append(f"        (this platform cannot reset the peak, so jask's per-step working set is not "
+                     f"measured; budget {mib(budget)})")
+        return "\n".join(lines)
     later = [s.working_set_bytes for s in steps[1:]]
     if later:
         ok = "within" if max(later) <= budget else "OVER"

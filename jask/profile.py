@@ -81,8 +81,11 @@ class Profile(executor.Stats):
     def memory_line(self) -> str:
         """``peak RSS 310 MiB = runtime baseline 250 MiB + jask 60 MiB (budget 61 MiB)``."""
         if self.peak_rss_is_lifetime:
-            return (f"peak RSS {_fmt_bytes(self.peak_rss_bytes)} (process lifetime: this platform cannot "
-                    f"measure the block alone; budget {_fmt_bytes(self.memory_budget_bytes)})")
+            split = (f" = runtime baseline {_fmt_bytes(self.runtime_baseline_bytes)} + "
+                     f"{_fmt_bytes(max(self.peak_rss_bytes - self.runtime_baseline_bytes, 0))} since"
+                     if self.runtime_baseline_bytes else "")
+            return (f"peak RSS {_fmt_bytes(self.peak_rss_bytes)}{split} (process lifetime: this platform "
+                    f"cannot measure the block alone; budget {_fmt_bytes(self.memory_budget_bytes)})")
         if self.runtime_baseline_bytes:
             baseline = min(self.runtime_baseline_bytes, self.rss_at_entry_bytes)
             parts = [f"runtime baseline {_fmt_bytes(baseline)}"]

@@ -5,19 +5,23 @@ import os
 import shutil
 import tempfile
 
+import jax
 import pytest
 from hypothesis import HealthCheck, settings
 from hypothesis.configuration import set_hypothesis_home_dir
 
 import jask
-import jax as _jax
-
-# References (jnp) multiply float32 at full precision, as jask does (config "precision"):
-# at JAX's default a TPU's f32 dot is one bf16 pass, ~2e-2 off on a 10-term product (seen on a v5e).
-_jax.config.update("jax_default_matmul_precision", "highest")
 from jask.base import runtime
 from jask.config import config
 from jask.io import scratch
+
+# References (jnp) multiply float32 at full precision, as jask does (config "precision"):
+# at JAX's default a TPU's f32 dot is one bf16 pass, ~2e-2 off on a 10-term product (seen on a v5e).
+jax.config.update("jax_default_matmul_precision", "highest")
+# One process at a time may hold a TPU chip (a second one fails on libtpu's lock file): on an
+# accelerator machine, the processes tests start compute on the host.
+if jax.default_backend() != "cpu":
+    os.environ["JAX_PLATFORMS"] = "cpu"
 
 collect_ignore = ["memory_worker.py", "pytest_main.py"]
 

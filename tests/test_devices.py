@@ -11,6 +11,7 @@ import subprocess
 import sys
 import textwrap
 
+import jax
 import pytest
 
 import jask
@@ -69,6 +70,8 @@ def test_device_setting_checks_its_value():
         jask.config.update("precision", "fast")
 
 
+@pytest.mark.skipif(jax.default_backend() != "cpu", reason="simulates an accelerator on a CPU-only machine; "
+                    "on a real one, code paths that ask for the actual compute device see it (tpu_tests cover it)")
 def test_callback_that_cannot_reach_the_device_computes_on_the_host(small_tiles, monkeypatch):
     """Inside jit, if the accelerator is held by the program waiting for the callback, jask falls back.
 
@@ -127,6 +130,43 @@ def test_pallas_windows_it_cannot_run_fall_back_per_window(small_tiles, monkeypa
     np.testing.assert_allclose(out, A @ B, rtol=1e-5, atol=1e-5)
     np.testing.assert_allclose(total, float((A * A).sum()), rtol=1e-5)
     assert p.windows > 2 and p.xla_fallback_calls == p.kernel_calls
+
+
+def test_a_program_the_platform_compiler_refuses_runs_on_xla_from_then_on():
+    """A compiled Pallas program whose FIRST call fails (Mosaic/Triton refusing what legality allowed)
+    is refused with one warning; failures of a program that already ran, and interpret-mode
+    failures (CI's kernel bugs), propagate."""
+    from types import SimpleNamespace
+    from jask.exec.run_windows import Kernels
+
+    def failing(*args):
+        raise RuntimeError("Mosaic failed to compile TPU kernel\nmore detail")
+
+    call = SimpleNamespace(program=SimpleNamespace(key=lambda: "prog", root_op=SimpleNamespace(label="dot")),
+                           spec="spec")
+    compiled = SimpleNamespace(name="pallas", interpret=False, compile_window=lambda op, spec: failing)
+    kernels = Kernels()
+    with pytest.warns(RuntimeWarning, match=r"could not compile the window program of dot \(RuntimeError: "
+                                            r"Mosaic failed to compile TPU kernel\)"):
+        assert kernels.run_stacked(compiled, call, failing, ()) is None
+    assert kernels._programs[Kernels._stacked_key(compiled, call)] == (None, "refused")
+
+    calls = []
+
+    def fails_second_time(*args):
+        calls.append(1)
+        if len(calls) > 1:
+            raise RuntimeError("device lost")
+        return "out"
+
+    kernels = Kernels()
+    assert kernels.run_stacked(compiled, call, fails_second_time, ()) == "out"
+    with pytest.raises(RuntimeError, match="device lost"):
+        kernels.run_stacked(compiled, call, fails_second_time, ())
+
+    interpret = SimpleNamespace(name="pallas-interpret", interpret=True)
+    with pytest.raises(RuntimeError, match="Mosaic failed"):
+        Kernels().run_stacked(interpret, call, failing, ())
 
 
 def test_a_temporary_outlives_the_dispatched_program_that_reads_it(small_tiles):

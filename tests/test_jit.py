@@ -68,7 +68,8 @@ def test_zero_materialization(problem, kind):
     compiled = lowered.compile()
     forbidden = _full_shapes(A, B, T)
     for text in (lowered.as_text(), compiled.as_text()):
-        assert "callback" in text, "expected host callbacks in the program"
+        # host callbacks: a custom call on CPU and GPU, host send/recv pairs on a TPU
+        assert "callback" in text or "host_transfer" in text, "expected host callbacks in the program"
         found = tensor_shapes(text)
         assert found, "the shape parser found no tensors at all"
         assert not (found & forbidden), f"full-array tensors in the compiled program: {found & forbidden}"

@@ -18,6 +18,7 @@ import subprocess
 import sys
 import tempfile
 
+import jax
 import pytest
 
 from jask import cli
@@ -58,8 +59,11 @@ def readme_blocks(text: str) -> list[Block]:
 
 
 def _env(**changes):
-    env = {k: v for k, v in os.environ.items()
-           if k not in ("JASK_SCRATCH_DIR", "JASK_MEMORY_BUDGET", "JASK_BENCH_DIR", "JAX_PLATFORMS")}
+    """A fresh user's environment (JAX_PLATFORMS kept only where conftest pins children to the host)."""
+    fresh = {"JASK_SCRATCH_DIR", "JASK_MEMORY_BUDGET", "JASK_BENCH_DIR"}
+    if jax.default_backend() == "cpu":
+        fresh.add("JAX_PLATFORMS")
+    env = {k: v for k, v in os.environ.items() if k not in fresh}
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [ROOT, os.environ.get("PYTHONPATH")]))
     env.update(changes)
     return env

@@ -42,6 +42,16 @@ def test_profile_splits_memory_at_the_runtime_baseline():
                                       f"{_fmt_bytes(shown)}")
 
 
+def test_lifetime_peak_still_splits_off_the_runtime_baseline():
+    """Where the peak cannot be reset (gVisor, as on the lent TPU machine, where opening the chip alone
+    took 13.5 GiB of RSS), the line still says how much of the peak was the runtime's."""
+    from jask.profile import Profile
+    p = Profile(peak_rss_bytes=14 * 2**30, runtime_baseline_bytes=13 * 2**30, peak_rss_is_lifetime=True,
+                memory_budget_bytes=64 * 2**20)
+    assert p.memory_line() == ("peak RSS 14.00 GiB = runtime baseline 13.00 GiB + 1.00 GiB since (process "
+                               "lifetime: this platform cannot measure the block alone; budget 64.00 MiB)")
+
+
 def test_explain_a_computed_scalar_says_what_to_do():
     """jask.sum's result is a computed jax.Array: the message says so, not 'call it outside jit'."""
     x = jask.from_numpy(np.ones((8, 8), np.float32))

@@ -11,12 +11,11 @@ import jax
 import pytest
 
 import jask
-import jax as _jax
+from jask.config import config
 
 # References (jnp) multiply float32 at full precision, as jask does (config "precision"):
 # at JAX's default a TPU's f32 dot is one bf16 pass, ~2e-2 off on a 10-term product (seen on a v5e).
-_jax.config.update("jax_default_matmul_precision", "highest")
-from jask.config import config
+jax.config.update("jax_default_matmul_precision", "highest")
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), os.pardir, "tests"))  # for test_ops.OPS
 

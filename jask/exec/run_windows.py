@@ -9,6 +9,7 @@ runs where the user asked.
 from __future__ import annotations
 
 import dataclasses
+import warnings
 
 import jax
 import jax.numpy as jnp
@@ -31,6 +32,7 @@ class Kernels:
     def __init__(self):
         self._programs: dict = {}
         self._combines: dict = {}
+        self._proven: set = set()   # stacked programs whose first call compiled and ran
 
     def program(self, backend, call, carried=()):
         """``(program, how)``: the backend's window program over stacks (``"stacked"``), or the xla
@@ -38,7 +40,7 @@ class Kernels:
         this window on its platform). The xla program bakes in the window's index table, so it is
         cached per table; a Pallas program takes the table as an operand."""
         if backend.name != "xla":
-            key = (backend.name, call.program.key(), call.spec)
+            key = self._stacked_key(backend, call)
             entry = self._programs.get(key)
             if entry is None:
                 try:
@@ -55,6 +57,36 @@ class Kernels:
             entry = (fn, "tiles" if backend.name == "xla" else "fallback")
             self._remember(key, entry)
         return entry
+
+    def run_stacked(self, backend, call, program, args):
+        """``program(*args)``, or None after refusing the program where its first call fails to compile.
+
+        Legality planning (``jask.kernels.legality``) predicts what Mosaic and Triton
+        accept, but their compilers can still refuse a kernel the plan allowed (on a
+        TPU v5e: batched ``dot`` gradients). A program's first call is where it
+        compiles, so an error there sends this program shape to the xla fallback for
+        the rest of the process, with one warning naming the op and the error.
+        Errors of later calls, and every error in interpret mode (CPU, where CI must
+        see kernel bugs), are real failures and propagate.
+        """
+        key = self._stacked_key(backend, call)
+        if key in self._proven or getattr(backend, "interpret", False):
+            return program(*args)
+        try:
+            out = program(*args)
+        except Exception as err:   # noqa: BLE001 -- any compiler's refusal; re-raised if the fallback also fails
+            self._remember(key, (None, "refused"))
+            name = getattr(call.program.root_op, "label", type(call.program.root_op).__name__)
+            warnings.warn(f"jask: the {backend.name} backend could not compile the window program of {name} "
+                          f"({type(err).__name__}: {str(err).splitlines()[0][:200]}); this program shape runs "
+                          "on the xla backend instead", RuntimeWarning, stacklevel=2)
+            return None
+        self._proven.add(key)
+        return out
+
+    @staticmethod
+    def _stacked_key(backend, call):
+        return (backend.name, call.program.key(), call.spec)
 
     def _remember(self, key, entry) -> None:
         self._programs[key] = entry
@@ -135,14 +167,18 @@ class WindowRunner:
         keys = [("tile", id(call.node), t) for t in call.tiles]
         carried = tuple(i for i, k in enumerate(keys) if k in store)
         program, how = kernels_cache.program(self.backend, call, carried)
+        out = None
         if how == "stacked":
-            carried = ()   # a Pallas program folds nothing in: partials are combined below
             stacks = [_stack([self._value(k, values) for k in row_keys], np.dtype(call.spec.leaf_dtypes[j]),
                              self.device) for j, row_keys in enumerate(call.rows)]
-            out = program(stacks, jax.device_put(call.table, self.device),
-                          jax.device_put(call.valid, self.device))
-            devices = out.devices()
-        else:
+            out = kernels_cache.run_stacked(self.backend, call, program, (
+                stacks, jax.device_put(call.table, self.device), jax.device_put(call.valid, self.device)))
+            if out is None:   # refused by the platform's compiler: from now on the xla program
+                program, how = kernels_cache.program(self.backend, call, carried)
+            else:
+                carried = ()   # a Pallas program folds nothing in: partials are combined below
+                devices = out.devices()
+        if out is None:
             out = program(*[_place(self._value(k, values), np.dtype(call.spec.leaf_dtypes[j]), self.device)
                             for j, row_keys in enumerate(call.rows) for k in row_keys],
                           *[store[keys[i]] for i in carried])
