@@ -17,9 +17,7 @@ import pathlib
 
 import pytest
 
-import jask
-
-PACKAGE_DIR = pathlib.Path(jask.__file__).parent
+PACKAGE_DIR = pathlib.Path(__file__).resolve().parent.parent / "jask"   # this checkout's, whatever is installed
 
 
 def module_names(root: pathlib.Path, package: str) -> dict[str, pathlib.Path]:
@@ -115,7 +113,7 @@ def cycles(graph: dict[str, set[str]]) -> list[list[str]]:
     return found
 
 
-@pytest.mark.xfail(strict=True, reason="3 cycles today (issue 15); broken in the next commits")
+@pytest.mark.xfail(strict=True, reason="1 cycle left (base <-> linalg <-> sinks, issue 15); broken by the layer move")
 def test_jask_has_no_import_cycles():
     found = cycles(import_graph(PACKAGE_DIR, "jask"))
     assert found == [], f"{len(found)} import cycle(s):\n" + "\n".join(" <-> ".join(c) for c in found)
