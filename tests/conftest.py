@@ -15,7 +15,7 @@ import jax as _jax
 # References (jnp) multiply float32 at full precision, as jask does (config "precision"):
 # at JAX's default a TPU's f32 dot is one bf16 pass, ~2e-2 off on a 10-term product (seen on a v5e).
 _jax.config.update("jax_default_matmul_precision", "highest")
-from jask.base import runtime
+from jask.hijax import runtime
 from jask.config import config
 from jask.io import scratch
 

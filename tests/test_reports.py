@@ -37,7 +37,7 @@ def test_profile_splits_memory_at_the_runtime_baseline():
     assert p.working_set_bytes >= 30 * 2**20
     assert p.memory_budget_bytes == config.memory_budget
     shown = min(baseline, p.rss_at_entry_bytes)     # RSS can fall below the baseline once memory is returned
-    from jask.profile import _fmt_bytes
+    from jask.exec.progress import fmt_bytes as _fmt_bytes
     assert p.memory_line().startswith(f"peak RSS {_fmt_bytes(p.peak_rss_bytes)} = runtime baseline "
                                       f"{_fmt_bytes(shown)}")
 
