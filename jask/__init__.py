@@ -4,8 +4,8 @@ from jask.io.malloc import limit_arenas
 limit_arenas()  # before any reader or writer thread exists; see jask/io/malloc.py
 
 from jask import config
-from jask.base.array import DiskArray
-from jask.base.executor import Stats
+from jask.exec.events import Stats
+from jask.hijax.array import DiskArray
 from jask.config import set_memory_budget
 from jask.io.scratch import cleanup_scratch
 from jask.linalg.add import add
@@ -15,10 +15,11 @@ from jask.linalg.square import square
 from jask.linalg.sub import sub
 from jask.linalg.sum import sum  # noqa: A004
 from jask.linalg.transpose import transpose
-from jask.profile import explain, profile, runtime_baseline
+from jask.api import methods  # noqa: F401 - DiskArray's operators and methods
+from jask.api.observe import explain, profile, runtime_baseline
 from jask import numpy  # noqa: E402 - jax.numpy's API over DiskArrays
-from jask.sinks import materialize, persist, rechunk, to_zarr, update_
-from jask.sources import from_numpy, from_zarr
+from jask.api.sinks import materialize, persist, rechunk, to_zarr, update_
+from jask.api.sources import from_numpy, from_zarr
 
 __version__ = "0.1.0"
 

@@ -10,6 +10,8 @@ import dataclasses
 import os
 import re
 
+from jask.io import scratch
+
 _UNITS = {
     "": 1, "b": 1,
     "kb": 10**3, "mb": 10**6, "gb": 10**9, "tb": 10**12,
@@ -54,6 +56,7 @@ class Config:
 
 
 config = Config()
+scratch.use_settings(config)   # the io layer reads its settings from here, never imports this module
 
 
 def update(name: str, value) -> None:
@@ -75,7 +78,6 @@ def update(name: str, value) -> None:
         if isinstance(value, bool) or not isinstance(value, int) or value < 1:
             raise ValueError(f"tile must be a positive int or None, got {value!r}")
     elif name == "scratch_dir" and value is not None:
-        from jask.io import scratch
         scratch.check_scratch_dir(value, config.allow_tmpfs)
     setattr(config, name, value)
 
@@ -97,7 +99,6 @@ def set_memory_budget(budget, scratch_dir=None, allow_tmpfs: bool = False, devic
     n = parse_bytes(budget)
     device_n = None if device_budget is None else parse_bytes(device_budget)
     if scratch_dir is not None:
-        from jask.io import scratch
         scratch.check_scratch_dir(os.fspath(scratch_dir), allow_tmpfs)
         config.scratch_dir = os.fspath(scratch_dir)
     config.allow_tmpfs = allow_tmpfs

@@ -18,13 +18,13 @@ import jax
 import jax.numpy as jnp
 import optax
 
-from jask.base import BlockParallelOp
-from jask.base.array import DiskArray, is_disk_array, type_of, zeros_node
-from jask.base.base_algo import make_op
+from jask.graph.op import BlockParallelOp
+from jask.hijax.array import DiskArray, is_disk_array, type_of, zeros_node
+from jask.hijax.make_op import make_op
 from jask.linalg.add import add
 from jask.linalg.mul import mul
 from jask.linalg.square import square
-from jask.sinks import persist
+from jask.api.sinks import persist
 
 
 class AdamDirection(BlockParallelOp):

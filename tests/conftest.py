@@ -11,8 +11,8 @@ from hypothesis import HealthCheck, settings
 from hypothesis.configuration import set_hypothesis_home_dir
 
 import jask
-from jask.base import runtime
 from jask.config import config
+from jask.hijax import runtime
 from jask.io import scratch
 
 # References (jnp) multiply float32 at full precision, as jask does (config "precision"):

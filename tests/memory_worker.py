@@ -58,9 +58,9 @@ def main():
     small = jask.from_numpy(np.ones((8, 8), np.float32))
     float(jask.sum(jask.square(small - small)))
     np.asarray(jax.jit(jax.grad(lambda x, y: jask.sum(jask.square(x - y))))(small, small))
-    from jask.base import executor
-    stats = executor.Stats()
-    executor._listeners.append(stats)
+    from jask.exec import events
+    stats = events.Stats()
+    events.listeners.append(stats)
     base = rss_now()
     if workload == "sum":
         value = float(jask.sum(a))

@@ -1,4 +1,4 @@
-"""jask.base.compat on the running JAX: the names it exports exist and behave.
+"""jask.hijax.compat on the running JAX: the names it exports exist and behave.
 
 compat is the one module that touches hijax and private JAX APIs; jask is
 tested on jax 0.10.2, 0.11.2 and 0.12.0.1. Each test here checks one piece of
@@ -12,7 +12,7 @@ import pytest
 from jax.experimental import hijax
 
 import jask
-from jask.base import compat
+from jask.hijax import compat
 
 F32 = compat.ShapedArray((), np.float32)
 

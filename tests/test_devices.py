@@ -83,7 +83,7 @@ def test_callback_that_cannot_reach_the_device_computes_on_the_host(small_tiles,
     """
     import jax
     import numpy as np
-    from jask.base import executor
+    from jask.exec import executor
     from jask.exec import devices
 
     class FakeAccelerator:

@@ -11,7 +11,8 @@ import numpy as np
 import pytest
 
 import jask
-from jask.base import BlockParallelOp, compat
+from jask.base import BlockParallelOp
+from jask.hijax import compat
 from jask.base.base_algo import make_op
 from test_ops import _RUNNERS, _mat, _scalar
 
@@ -171,14 +172,14 @@ def test_stage_reading_an_earlier_stage_in_step_takes_its_tile_from_memory(small
 
 def test_lockstep_never_costs_a_refused_plan(small_tiles):
     """With a forced tile and a budget that fits each stage but not both together, the stages run apart."""
-    from jask.base import executor
+    from jask.exec import driver
     (A, C), (a, c) = _data((9, 6), (9, 6))
     b = a + c
     d = b * 2.0 + a
-    together = executor.plan([b._node, d._node])
+    together = driver.make_plan([b._node, d._node])
     assert [len(g) for g in together.groups] == [2]
     jask.set_memory_budget(together.projected_bytes - 1)
-    apart = executor.plan([b._node, d._node])
+    apart = driver.make_plan([b._node, d._node])
     assert [len(g) for g in apart.groups] == [1, 1] and apart.projected_bytes < together.projected_bytes
     jask.persist(b, d)
     np.testing.assert_allclose(np.asarray(d), (A + C) * 2 + A, rtol=1e-6)
@@ -261,7 +262,7 @@ def test_small_budget_splits_a_pass_into_windows(small_tiles):
     """A budget of a few tiles: many windows, each one kernel call, each within the budget."""
     (A, B), (a, b) = _data((16, 16), (16, 16))
     from jask.exec.schedule import windows
-    from jask.base.executor import plan
+    from jask.exec.driver import make_plan as plan
     jask.set_memory_budget(4096)
     x = jask.square(a - b) + a
     p = plan([x._node])
@@ -295,14 +296,14 @@ def test_producer_used_twice_in_one_entry_is_computed_and_read_once(small_tiles)
 def test_fused_kernel_is_one_pallas_call_holding_the_chain(small_tiles):
     """On Pallas the fused chain is one ``pallas_call`` whose body runs every op of the chain."""
     from jask import kernels
-    from jask.base import executor
-    from jask.base.fusion import entry_program, fused_kernel
+    from jask.exec import driver
+    from jask.plan.fusion import entries_of, entry_program, fused_kernel
     jask.config.update("backend", "pallas-interpret")
     (A, B), (a, b) = _data((9, 6), (9, 6))
     out = (a - b) * a + b
-    p = executor.plan([out._node])
+    p = driver.make_plan([out._node])
     root = p.stages[0]
-    program = entry_program(p, root, executor.entries_of(p.prepared[id(root)], root, (0, 0))[0])
+    program = entry_program(p, root, entries_of(p.prepared[id(root)], root, (0, 0))[0])
     assert [type(op).__name__ for op, *_ in program.steps] == ["Sub", "MulArrays"]
     assert [leaf.node.shape for leaf in program.leaves] == [(9, 6), (9, 6)]
     kernel = fused_kernel(program, kernels.get_backend())

@@ -15,9 +15,9 @@ import pytest
 
 import jask
 from jask import kernels
-from jask.base.base_algo import GradOp
-from jask.base.graph import OpSpec
-from jask.base.op import BlockParallelOp, TiledInput
+from jask.hijax.grad import GradOp
+from jask.graph.nodes import OpSpec
+from jask.graph.op import BlockParallelOp, TiledInput
 from jask.kernels import pallas as P
 from jask.linalg.add import Add
 from jask.linalg.dot import Dot

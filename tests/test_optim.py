@@ -7,7 +7,7 @@ import pytest
 
 import jask
 import jask.optim
-from jask.base import compat
+from jask.hijax import compat
 
 
 @pytest.fixture
@@ -74,13 +74,13 @@ def test_adam_moments_are_stored_not_recomputed(regression):
     reads = []
     for _ in range(4):
         stats = jask.Stats()
-        from jask.base import executor
-        executor._listeners.append(stats)
+        from jask.exec import events
+        events.listeners.append(stats)
         try:
             updates, state = step(w, state)
             w.update_(jask.optim.apply_updates(w, updates))
         finally:
-            executor._listeners.remove(stats)
+            events.listeners.remove(stats)
         reads.append(stats.bytes_read)
     assert reads[1] == reads[2] == reads[3]
 

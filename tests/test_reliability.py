@@ -263,15 +263,15 @@ def test_copying_a_stored_array_io_error(small_tiles, tmp_path):
 def test_failed_commit_aborts_the_other_outputs_of_its_group(small_tiles, tmp_path):
     """Two outputs computed together: when the first commit fails, the second is never committed and
     its hidden folder is removed at once, not left for garbage collection."""
-    from jask.base import executor
+    from jask.exec import driver, sinks
     A, B = _rand_ints((8, 12), 4), _rand_ints((8, 12), 5)
     a, b = jask.from_numpy(A), jask.from_numpy(B)
     roots = [(a + b)._node, (a - b)._node]
     paths = {id(roots[0]): tmp_path / "sum.zarr", id(roots[1]): tmp_path / "diff.zarr"}
-    assert len(executor.plan(roots).groups) == 1, "the test needs both outputs in one group"
+    assert len(driver.make_plan(roots).groups) == 1, "the test needs both outputs in one group"
     with faults.armed("before_commit:1:EIO"):
         with pytest.raises(OSError) as info:
-            executor.run(roots, lambda node, tile: executor.PathSink(node, tile, paths[id(node)]))
+            driver.run(roots, lambda node, tile: sinks.PathSink(node, tile, paths[id(node)]))
         assert os.listdir(tmp_path) == [], "an output or a hidden folder was left behind"
     assert info.value.errno == errno.EIO
 

@@ -37,7 +37,7 @@ def test_profile_splits_memory_at_the_runtime_baseline():
     assert p.working_set_bytes >= 30 * 2**20
     assert p.memory_budget_bytes == config.memory_budget
     shown = min(baseline, p.rss_at_entry_bytes)     # RSS can fall below the baseline once memory is returned
-    from jask.profile import _fmt_bytes
+    from jask.exec.progress import fmt_bytes as _fmt_bytes
     assert p.memory_line().startswith(f"peak RSS {_fmt_bytes(p.peak_rss_bytes)} = runtime baseline "
                                       f"{_fmt_bytes(shown)}")
 
@@ -45,7 +45,7 @@ def test_profile_splits_memory_at_the_runtime_baseline():
 def test_lifetime_peak_still_splits_off_the_runtime_baseline():
     """Where the peak cannot be reset (gVisor, as on the lent TPU machine, where opening the chip alone
     took 13.5 GiB of RSS), the line still says how much of the peak was the runtime's."""
-    from jask.profile import Profile
+    from jask.api.observe import Profile
     p = Profile(peak_rss_bytes=14 * 2**30, runtime_baseline_bytes=13 * 2**30, peak_rss_is_lifetime=True,
                 memory_budget_bytes=64 * 2**20)
     assert p.memory_line() == ("peak RSS 14.00 GiB = runtime baseline 13.00 GiB + 1.00 GiB since (process "

@@ -16,7 +16,8 @@ from jask.io.reader import (BufferPool, MissingChunkError, Prefetcher, TileKey, 
                             aligned_empty)
 from jask.io.store import PendingStore, open_existing
 from jask.io.writer import ShardWriter, TileWriteError, WriteBehind
-from jask.profile import Progress, profile, progress
+from jask.api.observe import profile
+from jask.exec.progress import Progress, progress
 
 SHAPE = (37, 45)
 
@@ -465,8 +466,8 @@ def test_profile_records_executed_work(tmp_path, small_tiles):
     assert p.peak_rss_bytes > 0 and outer.peak_rss_bytes >= p.peak_rss_bytes
     assert p.wall_seconds > 0 and p.io_wait_seconds >= 0
     assert "read" in str(p) and "peak RSS" in str(p) and "waited" in str(p)
-    from jask.base import executor
-    assert p not in executor._listeners and outer not in executor._listeners
+    from jask.exec import events
+    assert p not in events.listeners and outer not in events.listeners
 
 
 def test_progress_is_silent_unless_enabled_and_on_a_terminal():

@@ -16,7 +16,7 @@ import numpy as np
 import pytest
 
 from jask import kernels
-from jask.base.fusion import LEAF, STEP, EntryProgram, FusedTileOp
+from jask.plan.fusion import LEAF, STEP, EntryProgram, FusedTileOp
 from jask.kernels import legality, lowering
 from jask.kernels.legality import Limits, WindowNotLegal
 from jask.kernels.pallas_window import window_program

@@ -6,7 +6,7 @@ import pytest
 
 import jask
 from jask import kernels
-from jask.base.op import TiledInput
+from jask.graph.op import TiledInput
 from jask.kernels import pallas as P
 from jask.linalg.add import Add
 from jask.linalg.dot import Dot

@@ -27,7 +27,7 @@ import jax.numpy as jnp
 import numpy as np
 from absl import app, flags
 
-from jask.base.op import TiledInput
+from jask.graph.op import TiledInput
 
 FLAGS = flags.FLAGS
 flags.DEFINE_list("op", ["dot"], "ops to time: " + "dot, add, sub, mul, square, sum, transpose")

@@ -115,10 +115,10 @@ class JaskRunner(Runner):
         import jask.optim  # noqa: F401
         self.jask, self.jax, self.jnp = jask, jax, jnp
         jnp.zeros(1).block_until_ready()
-        from jask.base import executor
-        self._executor = executor
+        from jask.exec import events
+        self._events = events
         try:
-            from jask.profile import Profile as _Stats   # Stats plus io_wait_seconds where counted
+            from jask.api.observe import Profile as _Stats   # Stats plus io_wait_seconds where counted
         except ImportError:
             _Stats = jask.Stats
         self._stats_cls = _Stats
@@ -134,11 +134,11 @@ class JaskRunner(Runner):
 
     def run(self):
         stats = self._stats_cls()
-        self._executor._listeners.append(stats)
+        self._events.listeners.append(stats)
         try:
             return self.step()
         finally:
-            self._executor._listeners.remove(stats)
+            self._events.listeners.remove(stats)
             self._stats = stats
 
     def step(self):

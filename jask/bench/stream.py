@@ -172,7 +172,7 @@ def _row(label, seconds, nbytes, base=None, p=None):
 
 def bench_op(op, layout, root):
     import jask
-    from jask.base.executor import default_tile
+    from jask.plan.tiling import default_tile
     jask.set_memory_budget(FLAGS.budget, scratch_dir=os.path.join(root, "scratch"))
     if op == "dot":
         n = int(round((FLAGS.gib * GiB / 4) ** 0.5))
@@ -222,7 +222,7 @@ def bench_op(op, layout, root):
 def bench_readers(layout, root):
     from zarr.core.buffer.cpu import NDBuffer
 
-    from jask.base.executor import default_tile
+    from jask.plan.tiling import default_tile
     from jask.io.reader import Prefetcher, TileReader, aligned_empty
     from jask.io.store import open_existing
     import jask

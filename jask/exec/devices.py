@@ -8,14 +8,20 @@ explicitly.
 """
 from __future__ import annotations
 
+import contextlib
+import threading
+import warnings
+
 import jax
+import numpy as np
+
+from jask.config import config
 
 DEVICE_SHARE = 0.5   # of the device's free memory a window may take by default (JAX and XLA need the rest)
 
 
 def compute_device():
     """The device kernels run on: ``jask.config.update("device", d)``, else the default backend's first."""
-    from jask.config import config
     if config.device is not None:
         return config.device
     return jax.devices()[0]
@@ -27,7 +33,6 @@ def device_budget() -> int:
     Devices without memory statistics (the host CPU) report no limit here; the
     host budget applies to them.
     """
-    from jask.config import config
     if config.device_budget is not None:
         return config.device_budget
     stats = _memory_stats(compute_device())
@@ -74,9 +79,6 @@ def callback_can_use(device) -> bool:
     cannot finish while the outer program waits for this callback, so after
     ``PROBE_SECONDS`` the caller computes on the host instead of hanging.
     """
-    import threading
-
-    import numpy as np
     done = threading.Event()
 
     def probe():
@@ -97,10 +99,31 @@ def warn_host_fallback(device) -> None:
     if device in _warned:
         return
     _warned.add(device)
-    import warnings
     warnings.warn(
         f"jask: a jitted function's tile math ran on the host CPU instead of {device}: the function's "
         "compiled program runs on that device and waits for jask's host callback, so kernels launched "
         "there could not start. Pass at least one DiskArray as an argument of the jitted function (its "
         "program then runs on the host and the tile math on the device) instead of only closing over "
         "DiskArrays.", RuntimeWarning, stacklevel=3)
+
+
+_active_callbacks = 0
+_callback_lock = threading.Lock()
+
+
+@contextlib.contextmanager
+def inside_callback():
+    """Mark host work run by a compiled program's ``io_callback`` (see :func:`in_callback`)."""
+    global _active_callbacks
+    with _callback_lock:
+        _active_callbacks += 1
+    try:
+        yield
+    finally:
+        with _callback_lock:
+            _active_callbacks -= 1
+
+
+def in_callback() -> bool:
+    """Whether some thread is running host work for a compiled program (its device may be held)."""
+    return _active_callbacks > 0

@@ -15,7 +15,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from jask.base.fusion import FusedTileOp, _is_plain, _Same
+from jask.plan.fusion import FusedTileOp, _is_plain, _Same
 from jask.kernels import xla
 from jask.kernels.legality import WindowNotLegal
 

@@ -30,8 +30,8 @@ from collections import defaultdict
 
 import numpy as np
 
-from jask.base.fusion import entries_of, entry_program
-from jask.base.graph import OpNode, ScalarNode, StoredNode, ZerosNode
+from jask.plan.fusion import entries_of, entry_program
+from jask.graph.nodes import OpNode, StoredNode, ZerosNode
 from jask.io.reader import TileKey
 from jask.kernels.window import WindowSpec
 from jask.plan.memory import SLOTS_FIXED, SLOTS_PER_LEAF, SLOTS_PER_OP

@@ -43,9 +43,9 @@ from typing import NamedTuple
 import numpy as np
 
 from jask.io import dtypes, faults
+from jask.io.layout import MAX_UINT64, ChunkLayout, covering, describe_region
 from jask.io.store import folder_deleted
 
-MAX_UINT64 = np.uint64(2**64 - 1)
 _INDEX_CACHE = 256  # shard indexes kept per reader (16 bytes per inner chunk each)
 
 
@@ -75,10 +75,6 @@ class TileKey(NamedTuple):
 
     array: object
     tile: tuple
-
-
-def describe_region(region) -> str:
-    return "[" + ", ".join(f"{s.start}:{s.stop}" for s in region) + "]"
 
 
 # ---------------------------------------------------------------- layout
@@ -142,48 +138,6 @@ class BufferPool:
             self._free.clear()
 
 
-class _Layout:
-    """What :class:`TileReader` needs to know about a store's on-disk layout.
-
-    ``mode`` is ``"chunk"`` (one uncompressed chunk per file), ``"shard"``
-    (uncompressed inner chunks in sharded files) or ``"zarr"`` (let zarr decode).
-    """
-
-    def __init__(self, array):
-        from zarr.codecs import BytesCodec, Crc32cCodec, ShardingCodec
-        self.array = array
-        self.mode = "zarr"
-        self.dtype = np.dtype(array.dtype)
-        self.shape = tuple(array.shape)
-        self.outer = tuple(array.chunks if getattr(array, "shards", None) is None else array.shards)
-        self.chunk = tuple(array.chunks)
-        meta = array.metadata
-        if getattr(meta, "zarr_format", 2) != 3 or not self.shape or self.dtype.kind not in "biuf":
-            return
-        if self.dtype.byteorder == ">" or (self.dtype.itemsize > 1 and sys.byteorder != "little"):
-            return
-
-        def raw(codecs):
-            return (len(codecs) == 1 and isinstance(codecs[0], BytesCodec)
-                    and (self.dtype.itemsize == 1 or getattr(codecs[0].endian, "value", codecs[0].endian)
-                         in ("little", None)))
-
-        codecs = tuple(meta.codecs)
-        self.encode_key = meta.encode_chunk_key
-        if raw(codecs):
-            self.mode = "chunk"
-        elif len(codecs) == 1 and isinstance(codecs[0], ShardingCodec) and raw(tuple(codecs[0].codecs)):
-            sharding = codecs[0]
-            idx = tuple(sharding.index_codecs)
-            if not (raw(idx[:1]) and all(isinstance(c, Crc32cCodec) for c in idx[1:]) and len(idx) <= 2):
-                return
-            self.mode = "shard"
-            self.per_shard = tuple(s // c for s, c in zip(self.outer, self.chunk))
-            self.index_crc = len(idx) == 2
-            self.index_bytes = 16 * math.prod(self.per_shard) + (4 if self.index_crc else 0)
-            self.index_at_end = getattr(sharding.index_location, "value", sharding.index_location) == "end"
-
-
 class TileReader:
     """Reads regions of one :class:`jask.io.store.Store` into NumPy buffers.
 
@@ -195,7 +149,7 @@ class TileReader:
         self.path = store.path
         self.root = getattr(store, "root", store.path)   # where files are read: a user store's pinned folder
         self._pin = getattr(store, "_pin", None)          # ``root`` names the pin's descriptor: keep it open
-        self.layout = _Layout(store.array)
+        self.layout = ChunkLayout(store.array)
         self.dtype = dtypes.logical_dtype(store.array, store.path)  # layout.dtype is what is on disk
         attrs = getattr(store.array, "attrs", {}) or {}
         self.dense = bool((attrs.get("jask") or {}).get("dense", False))
@@ -238,7 +192,7 @@ class TileReader:
     def _read_zarr(self, region, out):
         from zarr.core.buffer.cpu import NDBuffer
         if self.dense and self.layout.shape:
-            for coords in _covering(region, self.layout.outer):
+            for coords in covering(region, self.layout.outer):
                 self._require_file(coords)
         try:
             if self._ts is not None:
@@ -258,7 +212,7 @@ class TileReader:
         """Name the chunk a failed zarr/TensorStore read choked on, found by reading its chunks one by one."""
         key = None
         if self.layout.shape:
-            for coords in _covering(region, self.layout.outer):
+            for coords in covering(region, self.layout.outer):
                 whole = tuple(slice(c * n, min((c + 1) * n, d))
                               for c, n, d in zip(coords, self.layout.outer, self.layout.shape))
                 try:
@@ -280,7 +234,7 @@ class TileReader:
 
     def _read_direct(self, region, out):
         lay = self.layout
-        for coords in _covering(region, lay.chunk):
+        for coords in covering(region, lay.chunk):
             start = tuple(c * n for c, n in zip(coords, lay.chunk))
             inner = tuple(slice(max(s.start, b) - b, min(s.stop, b + n) - b)
                           for s, b, n in zip(region, start, lay.chunk))
@@ -399,16 +353,6 @@ def _open_tensorstore(path, array):
                        read=True, open=True).result()
     except Exception:  # anything TensorStore cannot open, zarr-python still reads
         return None
-
-
-def _covering(region, chunk):
-    """Chunk coordinates (C order) of the chunks of edge ``chunk`` that ``region`` touches."""
-    ranges = [range(s.start // c, -(-s.stop // c)) for s, c in zip(region, chunk)]
-    if not ranges:
-        yield ()
-        return
-    for coords in np.ndindex(*[len(r) for r in ranges]):
-        yield tuple(r[i] for r, i in zip(ranges, coords))
 
 
 def _pread_into(fd, view: memoryview, offset: int) -> None:

@@ -19,10 +19,21 @@ import os
 import secrets
 import shutil
 import tempfile
+import types
 
 _RAM_FILESYSTEMS = {"tmpfs", "ramfs"}
 _counter = itertools.count()
 _process_dir: str | None = None
+
+# Where scratch goes is a setting of ``jask.config``, which passes its live settings object in
+# (use_settings) rather than this layer importing it; read afresh at every call.
+_settings = types.SimpleNamespace(scratch_dir=os.environ.get("JASK_SCRATCH_DIR") or None, allow_tmpfs=False)
+
+
+def use_settings(settings) -> None:
+    """Read ``scratch_dir`` and ``allow_tmpfs`` from ``settings`` (any object with them) from now on."""
+    global _settings
+    _settings = settings
 
 
 def filesystem_type(path: str) -> str:
@@ -74,7 +85,7 @@ def check_scratch_dir(path: str, allow_tmpfs: bool) -> None:
 
 def scratch_location() -> tuple[str, str]:
     """The scratch root the next store would use, and why it was chosen (a short phrase)."""
-    from jask.config import config
+    config = _settings
     if config.scratch_dir:
         source = "JASK_SCRATCH_DIR" if config.scratch_dir == os.environ.get("JASK_SCRATCH_DIR") \
             else "set_memory_budget(scratch_dir=...)"
@@ -121,10 +132,9 @@ def remove_stale(root: str) -> list[str]:
 def process_dir() -> str:
     """This process's scratch folder, created (and stale folders swept) on first use."""
     global _process_dir
-    from jask.config import config
     root = _default_root()
     if _process_dir is None or os.path.dirname(_process_dir) != os.path.abspath(root):
-        check_scratch_dir(root, config.allow_tmpfs)
+        check_scratch_dir(root, _settings.allow_tmpfs)
         created_root = not os.path.isdir(root)
         os.makedirs(root, exist_ok=True)
         remove_stale(root)

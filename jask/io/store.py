@@ -35,7 +35,9 @@ import numpy as np
 import zarr
 
 from jask.io import dtypes, faults
+from jask.io.layout import describe_region
 from jask.io.scratch import pid_alive
+from jask.io.writer import make_chunk_writer
 
 
 def _remove_tree(path: str) -> None:
@@ -332,7 +334,6 @@ class PendingStore:
                 shards=shards, compressors=compressors, fill_value=0, zarr_format=3,
                 config={"write_empty_chunks": True},
                 attributes={"jask": {"dense": True, **dtypes.dtype_attributes(dtype)}})
-            from jask.io.writer import make_chunk_writer
             self._writer = make_chunk_writer(self.array, self.tmp_path)
             if faults.hook is not None:
                 faults.fire("after_create", path=self.final_path)
@@ -359,7 +360,6 @@ class PendingStore:
             if faults.hook is not None:
                 faults.fire("after_tile_write", path=self.final_path, region=region)
         except OSError as e:
-            from jask.io.reader import describe_region
             raise _io_error(e, f"writing region {describe_region(region)} of {self.what}") from e
 
     def abort(self) -> None:

@@ -27,7 +27,7 @@ import time
 
 import numpy as np
 
-from jask.io.reader import MAX_UINT64, _covering, _Layout, describe_region
+from jask.io.layout import MAX_UINT64, ChunkLayout, covering, describe_region
 
 
 class TileWriteError(RuntimeError):
@@ -199,7 +199,7 @@ def make_chunk_writer(array, root: str):
     assembled in memory (:class:`BufferedShardWriter`); other layouts go
     through zarr-python.
     """
-    layout = _Layout(array)
+    layout = ChunkLayout(array)
     if layout.mode == "shard":
         return ShardWriter(array, root, layout)
     if layout.mode == "chunk":
@@ -229,7 +229,7 @@ class _Pieces:
 
     def add(self, region, block):
         """Yield ``(coords, full_block)`` for each block of ``edge`` that ``region`` completes."""
-        for coords in _covering(region, self.edge):
+        for coords in covering(region, self.edge):
             start = tuple(c * n for c, n in zip(coords, self.edge))
             valid = _valid_extent(coords, self.edge, self.shape)
             inner = tuple(slice(max(s.start, b) - b, min(s.stop, b + v) - b)

@@ -1,7 +1,7 @@
 """Tile kernels: the one seam where per-tile math runs.
 
 The executor hands a backend a *window*: stacked tiles, an index table and the
-op (a fused program, :mod:`jask.base.fusion`), and gets back every output
+op (a fused program, :mod:`jask.plan.fusion`), and gets back every output
 tile's result from ONE call (the contract is :mod:`jask.kernels.window`;
 ``backend.compile_window(op, spec)`` compiles it once per window shape).
 ``backend.check_settings(label)`` refuses settings the backend cannot honour

@@ -14,7 +14,7 @@ failed to lower. ``--legacy`` also lowers today's per-tile ``output_tile``
 kernels (whole-tile blocks), which fail on ``cuda`` at large tiles.
 
 This module is a tool: unlike the rest of ``jask/kernels`` it imports ops and
-fusion from ``jask.base``/``jask.linalg`` to build what the executor would.
+fusion from ``jask.plan``/``jask.linalg`` to build what the executor would.
 """
 from __future__ import annotations
 
@@ -73,7 +73,7 @@ def check(case: Case, platform: str) -> Result:
 # ---------------------------------------------------------------- what jask emits
 
 def _tiled(shape, dtype, edge):
-    from jask.base.op import TiledInput
+    from jask.graph.op import TiledInput
     return TiledInput(tuple(shape), np.dtype(dtype), tuple(min(edge, d) for d in shape))
 
 
@@ -103,7 +103,7 @@ def _op_case(name, cls, shapes, edge, dtype, scalar=None, **kw):
 
 
 def _fused_case(name, steps, root, n_leaves, blocks, out_block, k, edge, dtype):
-    from jask.base.fusion import EntryProgram, FusedTileOp
+    from jask.plan.fusion import EntryProgram, FusedTileOp
     op = FusedTileOp(EntryProgram([], steps, root[0], root[1], len(steps)))
     return _window_case(name, op, blocks, [dtype] * n_leaves, out_block, k, edge, dtype)
 
@@ -115,7 +115,7 @@ def _np_elementwise(a, b):
 
 def cases(edges, dtypes):
     """Every kernel the gate lowers, at each tile edge and dtype."""
-    from jask.base.fusion import LEAF, STEP
+    from jask.plan.fusion import LEAF, STEP
     from jask.linalg.add import Add
     from jask.linalg.dot import Dot
     from jask.linalg.mul import MulArrays, MulConstant, ScalarMul

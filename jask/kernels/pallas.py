@@ -1,6 +1,6 @@
 """Pallas backends: ``pallas`` (TPU Mosaic, GPU Triton) and ``pallas-interpret`` (CPU).
 
-Two programs lower a :class:`~jask.base.op.BlockParallelOp` to ``pl.pallas_call``.
+Two programs lower a :class:`~jask.graph.op.BlockParallelOp` to ``pl.pallas_call``.
 
 *The executor's seam*, :meth:`PallasBackend.output_tile`, computes one output
 tile from the entries ``index_map`` listed for it. Entries are fetched in
@@ -519,10 +519,10 @@ def window_call(op, *arrays, tile=None, block_shapes=None, out_block=None,
 
     Returns the output (a scalar output comes back 0-d), in ``op.output_dtype``.
     """
-    from jask import kernels
+    from jask.config import config
     name = type(op).__name__
     if interpret is None:
-        interpret = kernels.backend_name() == "pallas-interpret"
+        interpret = config.backend == "pallas-interpret"   # ``auto`` never picks interpret mode
     platform = "interpret" if interpret else PallasBackend(False).platform()
     arrays = [jnp.asarray(a) for a in arrays]
     scalars = [a.ndim == 0 for a in arrays]

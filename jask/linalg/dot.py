@@ -2,8 +2,8 @@
 import jax
 import jax.numpy as jnp
 
-from jask.base import BlockParallelOp
-from jask.base.base_algo import make_op
+from jask.graph.op import BlockParallelOp
+from jask.hijax.make_op import make_op
 
 
 def matmul_shape(a_shape, b_shape):

@@ -15,11 +15,13 @@ import numbers
 import jax.numpy as jnp
 import numpy as np
 
-from jask.base import BlockParallelOp, compat, runtime
-from jask.base.array import DiskArrayType, is_disk_array, type_of
-from jask.base.base_algo import GradOp, make_op
-from jask.base.executor import run
-from jask.base.graph import OpNode, OpSpec
+from jask.exec.driver import run
+from jask.graph.op import BlockParallelOp
+from jask.hijax import compat, runtime
+from jask.hijax.array import DiskArrayType, is_disk_array, type_of
+from jask.hijax.grad import GradOp
+from jask.hijax.make_op import make_op
+from jask.graph.nodes import OpNode, OpSpec
 from jask.linalg._checks import same_shape
 
 

@@ -1,6 +1,6 @@
 """Elementwise square."""
-from jask.base import BlockParallelOp
-from jask.base.base_algo import make_op
+from jask.graph.op import BlockParallelOp
+from jask.hijax.make_op import make_op
 
 
 class Square(BlockParallelOp):

@@ -2,8 +2,8 @@
 import numpy as np
 import jax.numpy as jnp
 
-from jask.base import BlockParallelOp
-from jask.base.base_algo import make_op
+from jask.graph.op import BlockParallelOp
+from jask.hijax.make_op import make_op
 
 
 def normalize_axes(axes, ndim):

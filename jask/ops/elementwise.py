@@ -21,14 +21,14 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from jask.base import BlockParallelOp
-from jask.base.array import is_disk_array
-from jask.base.base_algo import is_scalar_operand, make_op
-from jask.base.compat import is_traced
+from jask.graph.op import BlockParallelOp
+from jask.hijax.array import is_disk_array
+from jask.hijax.make_op import is_scalar_operand, make_op
+from jask.hijax.compat import is_traced
 from jask.linalg.add import add as _seed_add
 from jask.linalg.mul import mul as _seed_mul
 from jask.linalg.sub import sub as _seed_sub
-from jask.sources import from_numpy
+from jask.api.sources import from_numpy
 
 _PYTHON_SCALARS = (bool, int, float, complex)
 

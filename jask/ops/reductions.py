@@ -23,11 +23,11 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from jask.base import BlockParallelOp
-from jask.base.array import is_disk_array, type_of
-from jask.base.base_algo import make_op
+from jask.graph.op import BlockParallelOp
+from jask.hijax.array import is_disk_array, type_of
+from jask.hijax.make_op import make_op
 from jask.ops import elementwise as ew
-from jask.sources import from_numpy
+from jask.api.sources import from_numpy
 
 
 def normalize_axis(axis, ndim, name="reduction") -> tuple[int, ...]:

@@ -49,7 +49,7 @@ def gib_label(gib: float) -> str:
 
 def default_chunk_edge(shape, budget, n_inputs: int) -> int:
     """The tile edge jask would pick for an elementwise op over ``n_inputs`` arrays of ``shape``."""
-    from jask.base.executor import default_tile
+    from jask.plan.tiling import default_tile
     from jask.config import config, parse_bytes
     saved = config.memory_budget, config.tile
     try:

@@ -9,21 +9,14 @@ dataclasses: hashable and value-equal, so identical ops reuse compiled code.
 from __future__ import annotations
 
 import dataclasses
-import threading
 
 import jax
 import numpy as np
 
-from jask.base.compat import is_traced
-from jask.base.graph import Node, handles
-
-_state = threading.local()
-_active_callbacks = 0
-_lock = threading.Lock()
-
-
-def in_callback() -> bool:
-    return _active_callbacks > 0
+from jask.exec.devices import in_callback, inside_callback
+from jask.graph.nodes import Node, ScalarNode, handles
+from jask.hijax.array import DiskArray, DiskArrayType
+from jask.hijax.compat import is_traced
 
 
 def safe_point() -> None:
@@ -48,10 +41,7 @@ class TracedCall:
     constants: tuple[tuple[int, Node], ...] = ()
 
     def __call__(self, *args):
-        global _active_callbacks
-        with _lock:
-            _active_callbacks += 1
-        try:
+        with inside_callback():
             args = list(args)
             for pos, node in self.constants:
                 args.insert(pos, node)
@@ -60,9 +50,6 @@ class TracedCall:
             outs = self.fn(*resolved)
             return tuple(np.int32(handles.handle_of(o, pin=True)) if is_arr else np.asarray(o)
                          for o, is_arr in zip(outs, self.array_out))
-        finally:
-            with _lock:
-                _active_callbacks -= 1
 
 
 def host_call(fn, out_avals, args, array_in):
@@ -72,7 +59,6 @@ def host_call(fn, out_avals, args, array_in):
     ``out_avals`` holds the DiskArray type (a node comes back) or a ShapedArray
     (a value comes back) of each output.
     """
-    from jask.base.array import DiskArrayType, DiskArray
     array_out = tuple(isinstance(a, DiskArrayType) for a in out_avals)
     if not any(is_traced(a) for a in args):
         outs = fn(*args)
@@ -92,7 +78,6 @@ def host_call(fn, out_avals, args, array_in):
 
 def ref_of(x):
     """What a host function receives for one argument: a Node, a traced handle, or a scalar."""
-    from jask.base.array import DiskArray
     if isinstance(x, DiskArray):
         return x._node if x._node is not None else x._handle
     return x
@@ -100,5 +85,4 @@ def ref_of(x):
 
 def as_node(x) -> Node:
     """Host side: a resolved argument as a graph node (scalars become ScalarNodes)."""
-    from jask.base.graph import ScalarNode
     return x if isinstance(x, Node) else ScalarNode(x)

@@ -92,7 +92,7 @@ class CustomOp(_Op):
 
     ``forward(self, algo, *inputs)`` writes every output tile with
     ``algo.write(idx, block)``, reading inputs with ``algo.read(x, idx)``
-    (``algo`` is a :class:`jask.base.executor.OOCAlgorithm`).
+    (``algo`` is a :class:`jask.exec.custom.OOCAlgorithm`).
     ``backward(self, algo, inputs, d_out)`` writes gradient tiles with
     ``algo.write(idx, block, wrt=i)``; it is run once per input whose gradient
     is needed. ``output_shape`` is required as for BlockParallelOp. A CustomOp's

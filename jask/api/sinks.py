@@ -1,16 +1,17 @@
 """Sinks: the calls that make the lazy graph run (materialize, to_zarr, update_, persist)."""
 from __future__ import annotations
 
-import dataclasses
 import os
 
 import jax
-import jax.numpy as jnp
 import numpy as np
 
-from jask.base import compat, executor, runtime
-from jask.base.array import DiskArray, DiskArrayType, is_disk_array, type_of
-from jask.base.graph import StoredNode
+from jask.exec.driver import run
+from jask.exec.sinks import MemorySink, PathSink, ScratchSink
+from jask.graph.nodes import StoredNode
+from jask.hijax import compat, runtime
+from jask.hijax.array import DiskArray, is_disk_array, type_of
+from jask.hijax.sinks import MaterializePrimitive, PersistPrimitive
 
 
 def _require(name, x):
@@ -24,37 +25,8 @@ def to_numpy(x: DiskArray) -> np.ndarray:
     if compat.is_traced(x) or x._node is None:
         raise TypeError("cannot convert a traced DiskArray to NumPy inside jit; use jask.materialize")
     runtime.safe_point()
-    (out,) = executor.run([x._node], lambda node, tile: executor.MemorySink(node, tile))
+    (out,) = run([x._node], lambda node, tile: MemorySink(node, tile))
     return np.asarray(out)
-
-
-@dataclasses.dataclass(frozen=True)
-class _ToMemory:
-    def __call__(self, node):
-        return executor.run([node], lambda n, tile: executor.MemorySink(n, tile))
-
-
-class MaterializePrimitive(compat.HiPrimitive):
-    """``materialize`` under jit: the one op whose output is a full in-memory array, by request."""
-
-    def __init__(self, in_type):
-        self.in_avals = (in_type,)
-        self.out_aval = compat.ShapedArray(in_type.shape, in_type.dtype)
-        self.params = dict(signature=in_type)
-        super().__init__()
-
-    def expand(self, x):
-        (out,) = runtime.host_call(_ToMemory(), (self.out_aval,), [runtime.ref_of(x)], [True])
-        return out
-
-    def vjp_fwd(self, nzs, x):
-        return self(x), None
-
-    def vjp_bwd_retval(self, res, g):
-        from jask.sources import from_numpy
-        if compat.is_traced(g):
-            raise NotImplementedError("the gradient of jask.materialize under jit is not supported")
-        return (from_numpy(np.asarray(g)),)
 
 
 def materialize(x) -> jax.Array:
@@ -89,7 +61,7 @@ def to_zarr(x, path, overwrite: bool = False, chunks=None, compressors=None, sha
         if len(chunks) != x.ndim or any(c < 1 for c in chunks):
             raise ValueError(f"to_zarr: chunks {chunks} do not fit an array of shape {x.shape}")
     runtime.safe_point()
-    executor.run([x._node], lambda node, tile: executor.PathSink(
+    run([x._node], lambda node, tile: PathSink(
         node, tile, path, overwrite=overwrite, chunks=chunks, compressors=compressors, shards=shards))
 
 
@@ -106,7 +78,7 @@ def rechunk(x, chunks, shards=None) -> DiskArray:
     if len(chunks) != x.ndim or any(c < 1 for c in chunks):
         raise ValueError(f"rechunk: chunks {chunks} do not fit an array of shape {x.shape}")
     runtime.safe_point()
-    (stored,) = executor.run([x._node], lambda node, tile: executor.ScratchSink(
+    (stored,) = run([x._node], lambda node, tile: ScratchSink(
         node, tile, chunks=chunks, shards=shards, adopt=False))
     return DiskArray(node=stored)
 
@@ -136,46 +108,14 @@ def update_(target: DiskArray, new_value) -> None:
             raise ValueError(f"update_: the store at {old.store.path} was opened read-only; "
                              "open it with jask.from_zarr(path, mode='r+') to update it")
         old_store = old.store
-        (store,) = executor.run([new_value._node], lambda node, tile: executor.PathSink(
+        (store,) = run([new_value._node], lambda node, tile: PathSink(
             node, tile, old_store.path, overwrite=True, writable=True, chunks=old_store.chunks,
             shards=old_store.shards))
         target._node = StoredNode(store)
         return
     # Stored values are immutable, so the target may share the new value's storage.
-    (stored,) = executor.run([new_value._node])
+    (stored,) = run([new_value._node])
     target._node = stored
-
-
-@dataclasses.dataclass(frozen=True)
-class _Persist:
-    defer: bool = False
-
-    def __call__(self, *nodes):
-        if self.defer:
-            executor.store_with_next_run(nodes)
-            return nodes
-        return tuple(executor.run(nodes))
-
-
-class PersistPrimitive(compat.HiPrimitive):
-    """``persist`` under jit: compute arrays into scratch now (or with the next run); the identity for gradients."""
-
-    def __init__(self, types, defer=False):
-        self.in_avals = tuple(types)
-        self.out_aval = tuple(types)
-        self.defer = defer
-        self.params = dict(signature=tuple(types), defer=defer)
-        super().__init__()
-
-    def expand(self, *xs):
-        return runtime.host_call(_Persist(self.defer), self.out_aval, [runtime.ref_of(x) for x in xs],
-                                 [True] * len(xs))
-
-    def vjp_fwd(self, nzs, *xs):
-        return self(*xs), None
-
-    def vjp_bwd_retval(self, res, gs):
-        return tuple(gs)
 
 
 def persist(*arrays, defer: bool = False):

@@ -1,7 +1,7 @@
 """Fused per-tile programs: a consumer's kernel that computes its fused producers too.
 
 When the planner fuses a producer into its consumer (see ``_should_fuse`` in
-:mod:`jask.base.executor`), one entry of the consumer's output tile needs a
+:mod:`jask.plan.planner`), one entry of the consumer's output tile needs a
 tile of the producer first. Instead of dispatching one kernel per op,
 :func:`entry_program` walks the fused producers below one entry, composing
 index maps as it goes (the block the consumer asks of a producer is that
@@ -30,7 +30,7 @@ import dataclasses
 import jax.numpy as jnp
 import numpy as np
 
-from jask.base.graph import Node, OpNode, ScalarNode
+from jask.graph.nodes import Node, OpNode, ScalarNode
 
 LEAF, STEP = 0, 1        # where an operand of a step lives: the leaf list or an earlier step
 _KERNEL_CACHE_SIZE = 512

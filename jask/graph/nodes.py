@@ -2,7 +2,7 @@
 
 Ops never compute when called; they add an :class:`OpNode`. A sink
 (``materialize``, ``to_zarr``, ``update_``, a scalar result such as ``sum``)
-hands its node to :mod:`jask.base.executor`, which plans and runs the graph.
+hands its node to :mod:`jask.exec.driver`, which plans and runs the graph.
 Once an ``OpNode`` is computed it keeps only its stored result and lets go of
 its inputs, so upstream scratch stores can be freed.
 """
@@ -102,7 +102,7 @@ class HandleTable:
     into a node here. Entries are weak, so a node lives exactly as long as some
     array or downstream node refers to it. Nodes created inside a compiled call
     (intermediates no Python object holds) are also pinned in ``_young`` until
-    the call is over; :func:`jask.base.runtime.safe_point` releases them.
+    the call is over; :func:`jask.hijax.runtime.safe_point` releases them.
     """
 
     def __init__(self):

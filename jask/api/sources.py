@@ -6,11 +6,13 @@ import os
 import jax
 import numpy as np
 
-from jask.base.array import DiskArray
-from jask.base.executor import block_shape, default_tile
-from jask.base.graph import StoredNode
-from jask.io import dtypes, scratch
-from jask.io.store import PendingStore, open_existing
+from jask.exec.sinks import store_numpy
+from jask.graph.nodes import StoredNode
+from jask.graph.tiling import block_shape
+from jask.hijax.array import DiskArray
+from jask.io import dtypes
+from jask.io.store import open_existing
+from jask.plan.tiling import default_tile
 
 SUPPORTED_KINDS = "fiub"
 
@@ -47,16 +49,7 @@ def from_numpy(arr, chunks=None) -> DiskArray:
     chunks = tuple(int(c) for c in chunks)
     if len(chunks) != a.ndim or any(c < 1 for c in chunks):
         raise ValueError(f"from_numpy: chunks {chunks} do not fit an array of shape {a.shape}")
-    pending = PendingStore(scratch.new_path("input"), a.shape, a.dtype, chunks)
-    try:
-        for idx in np.ndindex(*[-(-d // c) for d, c in zip(a.shape, chunks)]):
-            reg = tuple(slice(i * c, min((i + 1) * c, d)) for i, c, d in zip(idx, chunks, a.shape))
-            pending.write(reg, a[reg])
-    except BaseException:
-        pending.abort()
-        raise
-    store = pending.commit(owned=True)
-    return DiskArray(node=StoredNode(store))
+    return DiskArray(node=store_numpy(a, chunks))
 
 
 def from_zarr(path_or_array, mode: str = "r") -> DiskArray:

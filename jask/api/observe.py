@@ -16,18 +16,27 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import gc
 import os
 import resource
 import sys
 import threading
 import time
 
-from jask.base import executor
+import jax
+import jax.numpy as jnp
+
+from jask.config import config
+from jask.exec import driver, events
+from jask.exec.progress import fmt_bytes
+from jask.hijax.array import DiskArray
+from jask.io.malloc import release_free_memory
+from jask.io.scratch import scratch_location
 
 
 @dataclasses.dataclass
-class Profile(executor.Stats):
-    """:class:`jask.base.executor.Stats` plus wall time, I/O wait, tiles read and memory.
+class Profile(events.Stats):
+    """:class:`jask.exec.events.Stats` plus wall time, I/O wait, tiles read and memory.
 
     Counters, named so they cannot be misread:
 
@@ -81,30 +90,30 @@ class Profile(executor.Stats):
     def memory_line(self) -> str:
         """``peak RSS 310 MiB = runtime baseline 250 MiB + jask 60 MiB (budget 61 MiB)``."""
         if self.peak_rss_is_lifetime:
-            split = (f" = runtime baseline {_fmt_bytes(self.runtime_baseline_bytes)} + "
-                     f"{_fmt_bytes(max(self.peak_rss_bytes - self.runtime_baseline_bytes, 0))} since"
+            split = (f" = runtime baseline {fmt_bytes(self.runtime_baseline_bytes)} + "
+                     f"{fmt_bytes(max(self.peak_rss_bytes - self.runtime_baseline_bytes, 0))} since"
                      if self.runtime_baseline_bytes else "")
-            return (f"peak RSS {_fmt_bytes(self.peak_rss_bytes)}{split} (process lifetime: this platform "
-                    f"cannot measure the block alone; budget {_fmt_bytes(self.memory_budget_bytes)})")
+            return (f"peak RSS {fmt_bytes(self.peak_rss_bytes)}{split} (process lifetime: this platform "
+                    f"cannot measure the block alone; budget {fmt_bytes(self.memory_budget_bytes)})")
         if self.runtime_baseline_bytes:
             baseline = min(self.runtime_baseline_bytes, self.rss_at_entry_bytes)
-            parts = [f"runtime baseline {_fmt_bytes(baseline)}"]
+            parts = [f"runtime baseline {fmt_bytes(baseline)}"]
             if self.held_at_entry_bytes >= 2**20:
-                parts.append(f"held at entry {_fmt_bytes(self.held_at_entry_bytes)}")
+                parts.append(f"held at entry {fmt_bytes(self.held_at_entry_bytes)}")
         else:
-            parts = [f"{_fmt_bytes(self.rss_at_entry_bytes)} at entry"]
-        parts.append(f"this block {_fmt_bytes(self.working_set_bytes)}")
-        return (f"peak RSS {_fmt_bytes(self.peak_rss_bytes)} = " + " + ".join(parts)
-                + f" (jask budget {_fmt_bytes(self.memory_budget_bytes)})")
+            parts = [f"{fmt_bytes(self.rss_at_entry_bytes)} at entry"]
+        parts.append(f"this block {fmt_bytes(self.working_set_bytes)}")
+        return (f"peak RSS {fmt_bytes(self.peak_rss_bytes)} = " + " + ".join(parts)
+                + f" (jask budget {fmt_bytes(self.memory_budget_bytes)})")
 
     def __str__(self) -> str:
         wall = max(self.wall_seconds, 1e-9)
-        parts = [f"{_plural(self.input_tiles_read, 'input tile')} read ({_fmt_bytes(self.bytes_read)})",
+        parts = [f"{_plural(self.input_tiles_read, 'input tile')} read ({fmt_bytes(self.bytes_read)})",
                  f"{_plural(self.output_tiles, 'output tile')}",
-                 f"wrote {_fmt_bytes(self.bytes_written)}", f"in {self.wall_seconds:.3g} s"]
+                 f"wrote {fmt_bytes(self.bytes_written)}", f"in {self.wall_seconds:.3g} s"]
         moved = self.bytes_read + self.bytes_written
         if moved:
-            parts[-1] += f" ({_fmt_bytes(moved / wall)}/s)"
+            parts[-1] += f" ({fmt_bytes(moved / wall)}/s)"
         devices = ", ".join(sorted(str(d) for d in self.devices)) or "none"
         fallback = f" ({self.xla_fallback_calls} run by xla)" if self.xla_fallback_calls else ""
         lines = [", ".join(parts),
@@ -118,15 +127,6 @@ class Profile(executor.Stats):
 
 def _plural(n: int, noun: str) -> str:
     return f"{n} {noun}" + ("" if n == 1 else "s")
-
-
-def _fmt_bytes(n) -> str:
-    n = float(n)
-    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
-        if abs(n) < 1024 or unit == "TiB":
-            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.2f} {unit}"
-        n /= 1024
-    return f"{n} B"
 
 
 # ---------------------------------------------------------------- runtime baseline
@@ -146,12 +146,6 @@ def runtime_baseline() -> int:
     """
     global _baseline
     if _baseline is None:
-        import gc
-
-        import jax
-        import jax.numpy as jnp
-
-        from jask.io.malloc import release_free_memory
         jax.jit(lambda v: v + 1)(jnp.zeros(4, jnp.float32)).block_until_ready()
         gc.collect()
         release_free_memory()
@@ -165,15 +159,11 @@ def explain(*arrays) -> str:
     """The plan a sink would run for these lazy DiskArrays, and where its scratch stores would go.
 
     Shows the tile edge, stages, fused ops, projected memory, bytes to read and
-    write (:func:`jask.base.executor.explain`) and the scratch folder. Works on
+    write (:func:`jask.exec.driver.explain`) and the scratch folder. Works on
     any DiskArray outside ``jit``; a result that has already been computed (a
     ``jax.Array``, such as what ``jask.sum`` returns) is refused with a message
     saying what to explain instead.
     """
-    import jax
-
-    from jask.base.array import DiskArray
-    from jask.io.scratch import scratch_location
     for x in arrays:
         if isinstance(x, jax.core.Tracer) or (isinstance(x, DiskArray) and x._node is None):
             raise TypeError("jask.explain got a traced value (inside jit or grad), which has no plan "
@@ -188,7 +178,7 @@ def explain(*arrays) -> str:
                 "array they reduce (jask.explain(jask.square(x)) for jask.sum(jask.square(x))), "
                 "or measure the call with `with jask.profile() as p:`")
     where, why = scratch_location()
-    return executor.explain(*arrays) + f"\n  scratch {os.path.abspath(where)} ({why})"
+    return driver.explain([x._node for x in arrays]) + f"\n  scratch {os.path.abspath(where)} ({why})"
 
 
 # ---------------------------------------------------------------- peak memory
@@ -239,7 +229,6 @@ def profile():
             jask.sum(x)
         print(p)
     """
-    from jask.config import config
     p = Profile(runtime_baseline_bytes=_baseline or 0, memory_budget_bytes=config.memory_budget)
     with _lock:
         p.rss_at_entry_bytes = _status_bytes("VmRSS:") or 0
@@ -248,13 +237,13 @@ def profile():
             _peaks[id(outer)] = max(_peaks.get(id(outer), 0), hwm or 0)
         resettable = hwm is not None and _reset_hwm()
         _active.append(p)
-    executor._listeners.append(p)
+    events.listeners.append(p)
     t0 = time.perf_counter()
     try:
         yield p
     finally:
         p.wall_seconds = time.perf_counter() - t0
-        executor._listeners.remove(p)
+        events.listeners.remove(p)
         with _lock:
             _active.remove(p)
             seen = _peaks.pop(id(p), 0)
@@ -265,77 +254,3 @@ def profile():
                 p.peak_rss_is_lifetime = True
 
 
-# ---------------------------------------------------------------- progress
-
-def progress_enabled(stream=None) -> bool:
-    """Whether to draw progress: ``config.progress`` is on and the stream is a terminal."""
-    from jask.config import config
-    stream = sys.stderr if stream is None else stream
-    if not config.progress or os.environ.get("PYTEST_CURRENT_TEST"):
-        return False
-    try:
-        return bool(stream.isatty())
-    except (AttributeError, ValueError):
-        return False
-
-
-class Progress:
-    """A one-line progress bar (tiles done of ``total``), redrawn at most ten times a second.
-
-    Build it with :func:`progress`, which returns a silent one when progress is off.
-    """
-
-    def __init__(self, total: int, label: str = "", stream=None):
-        self.total, self.label = max(int(total), 1), label
-        self.stream = sys.stderr if stream is None else stream
-        self.done = 0
-        self.bytes = 0
-        self._t0 = self._drawn = time.perf_counter()
-
-    def update(self, tiles: int = 1, nbytes: int = 0) -> None:
-        self.done += tiles
-        self.bytes += nbytes
-        now = time.perf_counter()
-        if now - self._drawn >= 0.1 or self.done >= self.total:
-            self._drawn = now
-            self._draw(now)
-
-    def _draw(self, now):
-        frac = min(self.done / self.total, 1.0)
-        elapsed = now - self._t0
-        bar = "#" * int(frac * 30)
-        rate = f" {_fmt_bytes(self.bytes / max(elapsed, 1e-9))}/s" if self.bytes else ""
-        eta = f" eta {elapsed * (1 - frac) / frac:.0f}s" if 0 < frac < 1 else ""
-        self.stream.write(f"\r{self.label} [{bar:<30}] {self.done}/{self.total}{rate}{eta} ")
-        self.stream.flush()
-
-    def close(self) -> None:
-        self._draw(time.perf_counter())
-        self.stream.write("\n")
-        self.stream.flush()
-
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *exc):
-        self.close()
-        return False
-
-
-class _Silent:
-    def update(self, tiles: int = 1, nbytes: int = 0) -> None:
-        pass
-
-    def close(self) -> None:
-        pass
-
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *exc):
-        return False
-
-
-def progress(total: int, label: str = "", stream=None):
-    """A :class:`Progress` bar when :func:`progress_enabled`, else an object that does nothing."""
-    return Progress(total, label, stream) if progress_enabled(stream) else _Silent()

@@ -1,0 +1,89 @@
+"""DiskArray's operators and methods, as jnp's, installed on the hi-type from the layer that has them.
+
+``x + y``, ``x @ y``, ``x.sum()``, ``np.asarray(x)``, ``x.to_zarr(...)``: each is
+an op or a sink, which sit above :mod:`jask.hijax.array`, so they are set on
+:class:`DiskArray` (concrete arrays) and :class:`DiskArrayType` (traced ones:
+a tracer forwards ``x + y`` to ``aval._add(x, y)``) here, once, at import, the
+way JAX sets its own array methods. Operators follow ``jask.numpy``
+(broadcasting, promotion); ``==`` is elementwise, so hashing stays by identity.
+"""
+from __future__ import annotations
+
+from jask import numpy as jnp_disk
+from jask.api.sinks import persist, to_numpy, to_zarr, update_
+from jask.hijax import compat
+from jask.hijax.array import DiskArray, DiskArrayType
+from jask.linalg.add import add
+from jask.linalg.dot import dot
+from jask.linalg.transpose import transpose
+
+BINARY = {"add": "add", "sub": "subtract", "mul": "multiply", "truediv": "true_divide",
+          "floordiv": "floor_divide", "mod": "remainder", "pow": "power", "eq": "equal", "ne": "not_equal",
+          "lt": "less", "le": "less_equal", "gt": "greater", "ge": "greater_equal"}
+REFLECTED = ("add", "sub", "mul", "truediv", "floordiv", "pow")
+UNARY = {"neg": "negative", "pos": "positive", "abs": "abs"}
+METHODS = ("sum", "mean", "max", "min", "prod", "var", "std", "argmax", "argmin", "astype")
+DEFERRED = ("add", "sub", "mul", "truediv", "pow")   # traced_scalar <op> x under jit/grad reaches x's _r<op>
+
+
+def _method(fn):
+    """``fn`` as a method (a callable object, as some ops are, would not bind ``self``)."""
+    return lambda self, *args, **kwargs: fn(self, *args, **kwargs)
+
+
+def _reflected(fn):
+    return lambda self, other: fn(other, self)
+
+
+def _array(self, dtype=None, copy=None):
+    out = to_numpy(self)
+    return out if dtype is None else out.astype(dtype)
+
+
+def _to_zarr(self, path, overwrite: bool = False, chunks=None, compressors=None, shards=None) -> None:
+    """Write this array to a new Zarr v3 store at ``path`` (atomic: complete or absent)."""
+    to_zarr(self, path, overwrite=overwrite, chunks=chunks, compressors=compressors, shards=shards)
+
+
+def _update(self, new_value) -> DiskArray:
+    """Overwrite this array with ``new_value`` (same shape and dtype), atomically."""
+    update_(self, new_value)
+    return self
+
+
+def _persist(self) -> DiskArray:
+    """Compute now into scratch storage; returns the stored array (see :func:`jask.persist`)."""
+    return persist(self)
+
+
+def install() -> None:
+    """Set the operators and methods on DiskArray and DiskArrayType (idempotent)."""
+    for short, name in BINARY.items():
+        fn = getattr(jnp_disk, name)
+        setattr(DiskArray, f"__{short}__", _method(fn))
+        setattr(DiskArrayType, f"_{short}", staticmethod(_method(fn)))
+        if short in REFLECTED:
+            setattr(DiskArray, f"__r{short}__", _reflected(fn))
+            setattr(DiskArrayType, f"_r{short}", staticmethod(_reflected(fn)))
+    for short, name in UNARY.items():
+        fn = getattr(jnp_disk, name)
+        setattr(DiskArray, f"__{short}__", _method(fn))
+        setattr(DiskArrayType, f"_{short}", staticmethod(_method(fn)))
+    DiskArray.__matmul__, DiskArray.__rmatmul__ = _method(dot), _reflected(dot)
+    DiskArrayType._matmul, DiskArrayType._rmatmul = staticmethod(_method(dot)), staticmethod(_reflected(dot))
+    DiskArray.T = property(_method(transpose))
+    DiskArrayType.T = compat.aval_property(_method(transpose))
+    for name in METHODS:
+        fn = getattr(jnp_disk, name)
+        setattr(DiskArray, name, _method(fn))
+        setattr(DiskArrayType, name, compat.aval_method(_method(fn)))
+    DiskArray.__array__ = _array
+    DiskArray.to_zarr = _to_zarr
+    DiskArray.update_ = _update
+    DiskArray.persist = _persist
+    DiskArrayType.vspace_add = lambda self, x, y: add(x, y)   # summing two tangents of one value
+    for name in DEFERRED:
+        compat.defer_reflected_operator(DiskArrayType, name)
+
+
+install()

@@ -1,0 +1,179 @@
+"""Running a sink's computation: plan it, execute it, hand each root to its sink.
+
+A sink calls :func:`run` with one or more root nodes; :func:`make_plan` plans
+them (:mod:`jask.plan.planner`, given what each plan would read), and the
+:class:`~jask.exec.executor.Executor` computes each stage window by window.
+"""
+from __future__ import annotations
+
+import gc
+import itertools
+import threading
+import weakref
+
+import jax
+import numpy as np
+
+from jask import kernels
+from jask.exec import events
+from jask.exec.devices import compute_device
+from jask.exec.executor import Executor, region_bytes, usable_device, window_limit
+from jask.exec.schedule import window_input_bytes, windows
+from jask.exec.sinks import ScratchSink
+from jask.graph.nodes import Node, OpNode
+from jask.graph.op import CustomOp
+from jask.graph.tiling import grid, region
+from jask.io import malloc
+from jask.plan.memory import human_bytes
+from jask.plan.planner import Plan, plan
+from jask.plan.walk import nbytes
+
+
+RELEASE_AFTER_BYTES = 16 << 20     # after a run projected at this or more, return freed memory (run())
+
+
+def make_plan(roots) -> Plan:
+    """The plan :func:`run` would execute for ``roots`` (the planner, told what each plan reads)."""
+    return plan(roots, lambda p: planned_io(p)[0])
+
+
+def explain(nodes) -> str:
+    """The plan a sink would run for these nodes: tile edge, stages, fused ops, projected memory, I/O."""
+    p = make_plan(nodes)
+    read, written, n_windows = planned_io(p)
+    return (p.describe() + f"\n  {n_windows} window{'s' * (n_windows != 1)} of at most "
+            f"{human_bytes(window_limit(p))} on {compute_device()} ({kernels.backend_name()} kernels); "
+            f"reads {human_bytes(read)}, writes {human_bytes(written)}")
+
+
+def planned_io(p: Plan) -> tuple[int, int, int]:
+    """Bytes the plan reads from stored arrays and writes for its stages, and its windows (from its schedule)."""
+    read = written = n_windows = 0
+    limit, batch = window_limit(p), window_input_bytes(compute_device())
+    for group in p.groups:
+        if isinstance(p.prepared[id(group[0])].op, CustomOp):
+            continue
+        indices = itertools.product(*map(range, grid(group[0].shape, p.tile)))
+        for w in windows(p, group, indices, limit, batch):
+            n_windows += 1
+            read += sum(region_bytes(store, reg) for _, (store, reg) in w.reads)
+        written += sum(nbytes(n) for n in group if n.shape != ())
+    return read, written, n_windows
+
+
+_deferred: list = []          # weak references to nodes the next run stores too (store_with_next_run)
+_deferred_lock = threading.Lock()
+
+
+def store_with_next_run(nodes) -> None:
+    """Have the next :func:`run`, whatever it computes, also store ``nodes`` to scratch, in its plan.
+
+    For values needed later that the next computation reads anyway (an
+    optimizer's moments, read again by the parameter update): stored in the
+    same pass instead of one of their own. A node dropped meanwhile is skipped.
+    """
+    with _deferred_lock:
+        _deferred.extend(weakref.ref(n) for n in nodes)
+
+
+def _take_deferred(roots) -> list[OpNode]:
+    taken = set(id(r.resolved()) for r in roots)
+    out = []
+    with _deferred_lock:
+        refs = _deferred[:]
+        _deferred.clear()
+    for ref in refs:
+        n = ref()
+        if isinstance(n, OpNode) and n.result is None and n.shape != () and id(n) not in taken:
+            taken.add(id(n))
+            out.append(n)
+    return out
+
+
+def run(roots, make_sinks=None):
+    """Compute ``roots``; returns one result per root.
+
+    Scalar roots (shape ``()``) return a NumPy scalar. Other roots are written by
+    the sink ``make_sinks(root, tile)`` returns (default: scratch, after which the
+    root node stands for its stored result). Nodes passed to
+    :func:`store_with_next_run` are stored in the same plan.
+    """
+    roots = list(roots)
+    extra = _take_deferred(roots)
+    p = None
+    try:
+        p = make_plan(roots + extra)
+        # Inside jit this runs in io_callback, whose default device is the host CPU: name ours.
+        device = usable_device()
+        with jax.default_device(device):
+            return _run(p, roots, make_sinks, device)
+    except BaseException:
+        store_with_next_run([n for n in extra if n.result is None])   # still wanted
+        raise
+    finally:
+        if p is not None and p.projected_bytes >= RELEASE_AFTER_BYTES:
+            # Reference cycles a run leaves (plan closures and what they reach) held ~190 MB
+            # after a 4096^2 dot until the collector ran; the young generations take ~1 ms.
+            # Then freed tiles in the middle of the heap go back to the system.
+            gc.collect(1)
+            malloc.release_free_memory()
+
+
+def _run(p: Plan, roots, make_sinks, device=None):
+    for listener in events.listeners:
+        listener.saw_plan(p)
+    ex = Executor(p, device)
+    root_ids = {id(r.resolved()): i for i, r in enumerate(roots)}
+    results = [None] * len(roots)
+    for i, r in enumerate(roots):
+        rr = r.resolved()
+        if not isinstance(rr, OpNode):
+            if rr.shape == ():
+                results[i] = np.asarray(ex.tile_of(rr, ()))
+            elif make_sinks is not None:
+                results[i] = _copy(ex, rr, make_sinks(r, p.tile))
+            else:
+                results[i] = rr
+    for group in p.groups:
+        node = group[0]
+        i = root_ids.get(id(node))
+        if node.shape == () and i is not None:
+            try:
+                ((_, _, value),) = ex.run_windows(group, [()])
+                results[i] = np.asarray(value)
+                events.count(tiles=1)
+            except Exception as e:
+                e.add_note(f"while computing {p.prepared[id(node)].name} {node.dtype} scalar")
+                raise
+            continue
+        sinks = [make_sinks(n, p.tile) if (id(n) in root_ids and make_sinks is not None)
+                 else ScratchSink(n, p.tile) for n in group]
+        try:
+            ex.compute(group, sinks)
+        except BaseException:
+            for sink in sinks:
+                sink.abort()
+            raise
+        for k, (n, sink) in enumerate(zip(group, sinks)):
+            try:
+                out = sink.finish()
+            except BaseException:
+                # the rest never reach their paths; ones already committed stay (each is atomic alone)
+                for rest in sinks[k + 1:]:
+                    rest.abort()
+                raise
+            if id(n) in root_ids:
+                results[root_ids[id(n)]] = out
+    return results
+
+
+def _copy(ex: Executor, node: Node, sink):
+    """Stream an already stored (or zero) node into a sink, tile by tile."""
+    try:
+        for idx in itertools.product(*map(range, grid(node.shape, ex.tile))):
+            sink.write(region(idx, node.shape, ex.tile), np.asarray(ex.tile_of(node, idx)))
+            events.count(tiles=1)
+    except BaseException:
+        sink.abort()
+        raise
+    return sink.finish()

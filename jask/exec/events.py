@@ -1,0 +1,49 @@
+"""Counters of executed work: every layer below the API reports here, observers listen.
+
+:class:`Stats` holds the counts; ``listeners`` are the Stats objects (a
+``jask.profile()`` block) that each :func:`count` adds to. The executor never
+knows who listens.
+"""
+from __future__ import annotations
+
+import dataclasses
+
+
+@dataclasses.dataclass
+class Stats:
+    """Deterministic counters of executed work (bytes, tiles, kernel calls)."""
+
+    tiles: int = 0
+    windows: int = 0
+    kernel_calls: int = 0
+    xla_fallback_calls: int = 0        # window programs a Pallas backend could not run here, run by xla
+    bytes_read: int = 0
+    bytes_written: int = 0
+    arrays_written: int = 0
+    io_seconds: float = 0.0
+    compute_seconds: float = 0.0
+    io_wait_seconds: float = 0.0
+    plans: int = 0
+    peak_projected_bytes: int = 0
+    devices: frozenset = frozenset()   # the devices kernels ran on
+
+    def add(self, **counts) -> None:
+        for k, v in counts.items():
+            setattr(self, k, getattr(self, k) | v if k == "devices" else getattr(self, k) + v)
+
+    def saw_plan(self, p) -> None:
+        self.plans += 1
+        self.peak_projected_bytes = max(self.peak_projected_bytes, p.projected_bytes)
+
+
+listeners: list[Stats] = []
+
+
+def count(**counts) -> None:
+    for s in listeners:
+        s.add(**counts)
+
+
+def count_wait(io_wait_seconds=0.0, **_):
+    """Count only waiting time (for sinks whose writes are not disk I/O, like materialize)."""
+    count(io_wait_seconds=io_wait_seconds)

@@ -1,0 +1,91 @@
+"""Where a pass's finished tiles go: a scratch store, a user path, or a NumPy array."""
+from __future__ import annotations
+
+import numpy as np
+
+from jask.exec.events import count
+from jask.graph.nodes import OpNode, StoredNode
+from jask.graph.tiling import block_shape
+from jask.io import scratch
+from jask.io.store import PendingStore
+
+
+class ScratchSink:
+    """Writes a node to a fresh scratch store; by default the node then stands for it.
+
+    ``chunks``/``shards`` choose the layout (``rechunk``); ``adopt=False`` leaves
+    the node as it was and just returns the stored copy.
+    """
+
+    counts_io = True
+
+    def __init__(self, node: OpNode, tile: int, chunks=None, shards=None, adopt: bool = True):
+        self.node, self.adopt = node, adopt
+        self.pending = PendingStore(scratch.new_path(), node.shape, node.dtype,
+                                    chunks or block_shape(node.shape, tile), shards=shards)
+
+    def write(self, reg, tile):
+        self.pending.write(reg, tile)
+
+    def finish(self):
+        stored = StoredNode(self.pending.commit(owned=True))
+        count(arrays_written=1)
+        if self.adopt and isinstance(self.node, OpNode):
+            self.node.set_result(stored)
+        return stored
+
+    def abort(self):
+        self.pending.abort()
+
+
+class PathSink:
+    """Writes a node to a user path, committed atomically (optionally replacing what is there)."""
+
+    counts_io = True
+
+    def __init__(self, node, tile, path, overwrite=False, writable=False, chunks=None, compressors=None,
+                 shards=None):
+        self.overwrite, self.writable = overwrite, writable
+        self.pending = PendingStore(path, node.shape, node.dtype, chunks or block_shape(node.shape, tile),
+                                    compressors=compressors, shards=shards)
+
+    def write(self, reg, tile):
+        self.pending.write(reg, tile)
+
+    def finish(self):
+        count(arrays_written=1)
+        return self.pending.commit(owned=False, replace=self.overwrite, writable=self.writable)
+
+    def abort(self):
+        self.pending.abort()
+
+
+class MemorySink:
+    """Fills a NumPy array (``materialize``: the one place a whole array is meant to exist)."""
+
+    counts_io = False
+
+    def __init__(self, node, tile):
+        self.out = np.empty(node.shape, node.dtype)
+
+    def write(self, reg, tile):
+        self.out[reg] = tile
+
+    def finish(self):
+        return self.out
+
+    def abort(self):
+        pass
+
+
+def store_numpy(a: np.ndarray, chunks, tag: str = "input") -> StoredNode:
+    """Copy an in-memory array into a new scratch store, chunk by chunk."""
+    pending = PendingStore(scratch.new_path(tag), a.shape, a.dtype, chunks)
+    try:
+        for idx in np.ndindex(*[-(-d // c) for d, c in zip(a.shape, chunks)]):
+            reg = tuple(slice(i * c, min((i + 1) * c, d)) for i, c, d in zip(idx, chunks, a.shape))
+            pending.write(reg, a[reg])
+    except BaseException:
+        pending.abort()
+        raise
+    return StoredNode(pending.commit(owned=True))

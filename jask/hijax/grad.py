@@ -1,0 +1,96 @@
+"""Gradients as lazy ops: the backward node of each op input is itself a tiled op.
+
+For a :class:`~jask.graph.op.BlockParallelOp`, :class:`GradOp` inverts the
+forward ``index_map`` for one input (tabulated on the host once per tiling)
+and runs the forward op's ``backward_block`` per entry; contributions to one
+input tile are folded by ``combine`` inside the tile loop, never by
+read-modify-write on disk. :class:`CustomGradOp` runs a CustomOp's ``backward``.
+"""
+from __future__ import annotations
+
+from collections import defaultdict
+
+import jax
+import numpy as np
+
+from jask.graph.op import BlockParallelOp, CustomOp
+from jask.hijax import compat
+
+
+class GradOp(BlockParallelOp):
+    """Gradient of a forward op with respect to input ``wrt``, itself a block-parallel op.
+
+    Inputs are ``(d_out, *forward_inputs)``. ``index_map`` is the forward map
+    inverted for input ``wrt`` (tabulated once per tiling); each entry carries
+    the output tile and the forward entry that read this input tile.
+    """
+
+    def __init__(self, forward_op, wrt, table, unused_inputs=frozenset()):
+        self.forward_op, self.wrt, self.table = forward_op, wrt, table
+        self.unused_inputs = unused_inputs
+
+    @classmethod
+    def from_inputs(cls, d_out, *inputs, forward, wrt):
+        op = forward.build(list(inputs))
+        table = defaultdict(list)
+        out_grid = d_out.grid
+        for out_idx in np.ndindex(*out_grid):
+            for entry in op.index_map(out_idx):
+                blocks = tuple(tuple(int(i) for i in b) for b in entry)
+                table[blocks[wrt]].append((tuple(out_idx), *blocks))
+        specs = [jax.ShapeDtypeStruct(t.block_shape, t.dtype) for t in (d_out, *inputs)]
+        unused = compat.unused_arguments(lambda *xs: op.backward_block(*xs)[wrt], specs)
+        return cls(op, wrt, dict(table), unused)
+
+    def forward_block(self, d_out_block, *input_blocks):
+        grads = self.forward_op.backward_block(d_out_block, *input_blocks)
+        return grads[self.wrt].astype(input_blocks[self.wrt].dtype)
+
+    def index_map(self, in_idx):
+        return self.table.get(tuple(in_idx), [])
+
+    def combine(self, acc, partial):
+        return acc + partial
+
+    def backward_block(self, d_out_block, *input_blocks):
+        raise NotImplementedError("second-order gradients are not supported")
+
+    def output_shape(self, d_shape, *input_shapes):
+        return input_shapes[self.wrt]
+
+    def output_dtype(self, *dtypes):
+        return dtypes[1 + self.wrt]
+
+
+class CustomGradOp(CustomOp):
+    """Gradient of a CustomOp for input ``wrt``: runs its ``backward`` and keeps that input's tiles."""
+
+    def __init__(self, forward_op, wrt):
+        self.forward_op, self.wrt = forward_op, wrt
+
+    @classmethod
+    def from_inputs(cls, d_out, *inputs, forward, wrt):
+        return cls(forward.build(list(inputs)), wrt)
+
+    def forward(self, algo, d_out, *inputs):
+        self.forward_op.backward(_OneGradient(algo, self.wrt), inputs, d_out)
+
+    def output_shape(self, d_shape, *input_shapes):
+        return input_shapes[self.wrt]
+
+    def output_dtype(self, *dtypes):
+        return dtypes[1 + self.wrt]
+
+
+class _OneGradient:
+    """The algo a CustomOp's ``backward`` sees: ``write(idx, block, wrt=i)`` keeps only input ``wrt``."""
+
+    def __init__(self, algo, wrt):
+        self._algo, self._wrt = algo, wrt
+
+    def __getattr__(self, name):
+        return getattr(self._algo, name)
+
+    def write(self, idx, block, wrt=0):
+        if wrt == self._wrt:
+            self._algo.write(idx, block)

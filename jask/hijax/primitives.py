@@ -1,0 +1,156 @@
+"""The hi-primitives behind every ``make_op`` op: applying an op, and its backward pass.
+
+``OpPrimitive.expand`` (run eagerly, or when ``jit`` lowers) calls
+:func:`jask.hijax.runtime.host_call`, whose host function only adds an
+``OpNode`` to the lazy graph (or runs it at once, if the output is a scalar).
+``OpPrimitive.vjp_bwd`` binds :class:`BackwardPrimitive`, because the body of a
+VJP rule is inlined into the gradient graph and must itself be a callback, not
+traced tile math; its host function adds one lazy gradient node per input
+(:mod:`jask.hijax.grad`).
+"""
+from __future__ import annotations
+
+import dataclasses
+
+import jax
+import numpy as np
+
+from jask.exec.driver import run
+from jask.graph.nodes import OpNode, OpSpec
+from jask.graph.op import CustomOp, TiledInput, _Op
+from jask.graph.tiling import block_shape
+from jask.hijax import compat, runtime
+from jask.hijax.array import DiskArrayType, is_disk_array
+from jask.hijax.grad import CustomGradOp, GradOp
+from jask.plan.tiling import default_tile
+
+
+def call_time_op(spec: OpSpec, types):
+    """Build the op for the default tiling, to validate inputs and learn the output shape."""
+    biggest = max(types, key=lambda t: t.size)
+    tile = default_tile(biggest.shape, biggest.dtype.itemsize)
+    return spec.build([TiledInput(t.shape, t.dtype, block_shape(t.shape, tile)) for t in types])
+
+
+def output_type(spec: OpSpec, op, types):
+    """The op's output type, with errors that name the op and the offending shapes and dtypes."""
+    dtypes = [t.dtype for t in types]
+    wide = [d for d in dtypes if d.itemsize == 8]
+    if wide and not jax.config.jax_enable_x64:
+        raise TypeError(f"{spec.name} got a {wide[0]} input while 64-bit JAX is off, so it would be "
+                        "computed in 32 bits; enable jax_enable_x64 or convert the array")
+    if len(set(dtypes)) > 1 and type(op).output_dtype is _Op.output_dtype:
+        raise TypeError(f"{spec.name} got mismatched dtypes {', '.join(d.name for d in dtypes)}; "
+                        "jask does not promote implicitly: convert the inputs to one dtype")
+    shape = op.output_shape(*[t.shape for t in types])
+    try:
+        shape = tuple(int(d) for d in shape)
+    except TypeError:
+        raise TypeError(f"{spec.name}.output_shape must return a tuple of ints, got {shape!r}") from None
+    dtype = np.dtype(op.output_dtype(*dtypes))
+    if shape == ():
+        return compat.ShapedArray((), dtype)
+    return DiskArrayType(shape, dtype)
+
+
+class OpPrimitive(compat.HiPrimitive):
+    """One application of a BlockParallelOp (or CustomOp) to DiskArrays."""
+
+    def __init__(self, spec: OpSpec, in_types, out_type):
+        self.in_avals = tuple(in_types)
+        self.out_aval = out_type
+        self.params = dict(spec=spec, signature=(tuple(in_types), out_type))
+        super().__init__()
+
+    def expand(self, *args):
+        (out,) = runtime.host_call(ApplyOp(self.spec), (self.out_aval,),
+                                   [runtime.ref_of(a) for a in args], _array_flags(self.in_avals))
+        return out
+
+    def vjp_fwd(self, nzs_in, *args):
+        return self(*args), args
+
+    def vjp_bwd(self, res, g, *accums):
+        if not _inexact(self.out_aval):   # as in JAX: nothing flows back through bool/int outputs
+            return
+        skip = getattr(self.spec.cls, "nondiff_inputs", ())
+        wanted = tuple(i for i, acc in enumerate(accums)
+                       if compat.wants_grad(acc) and _inexact(self.in_avals[i]) and i not in skip)
+        if not wanted or compat.is_zero_cotangent(g):
+            return
+        prim = BackwardPrimitive(self.spec, self.in_avals, self.out_aval, wanted)
+        grads = prim(g, *res)
+        for i, grad in zip(wanted, grads):
+            accums[i].accum(grad)
+
+    def batch(self, axis_data, args, dims):
+        raise NotImplementedError(f"jax.vmap of jask.{self.spec.name} is not supported")
+
+    def jvp(self, primals, tangents):
+        raise NotImplementedError(f"forward-mode differentiation (jvp) of jask.{self.spec.name} is "
+                                  "not supported; use jax.grad")
+
+
+class BackwardPrimitive(compat.HiPrimitive):
+    """Gradients of one op application for the inputs in ``wanted``: lazy GradOp nodes."""
+
+    def __init__(self, spec, in_types, out_type, wanted):
+        self.in_avals = (out_type, *in_types)
+        self.out_aval = tuple(in_types[i] for i in wanted)
+        self.params = dict(spec=spec, wanted=wanted, signature=(tuple(in_types), out_type))
+        super().__init__()
+
+    def expand(self, g, *args):
+        refs = [runtime.ref_of(g)] + [runtime.ref_of(a) for a in args]
+        return runtime.host_call(ApplyBackward(self.spec, self.wanted), self.out_aval, refs,
+                                 [is_disk_array(g)] + _array_flags(self.in_avals[1:]))
+
+    def vjp_fwd(self, nzs_in, *args):
+        raise NotImplementedError(f"second-order gradients of jask.{self.spec.name} are not supported")
+
+    def batch(self, axis_data, args, dims):
+        raise NotImplementedError(f"jax.vmap of the gradient of jask.{self.spec.name} is not supported")
+
+
+@dataclasses.dataclass(frozen=True)
+class ApplyOp:
+    """Host function: add the op's node to the graph (and run it, if its output is a scalar)."""
+
+    spec: OpSpec
+
+    def __call__(self, *inputs):
+        nodes = tuple(runtime.as_node(i) for i in inputs)
+        types = [DiskArrayType(n.shape, n.dtype) for n in nodes]
+        out = output_type(self.spec, call_time_op(self.spec, types), types)
+        node = OpNode(self.spec, nodes, out.shape, out.dtype)
+        if out.shape == ():
+            return run([node])
+        return (node,)
+
+
+@dataclasses.dataclass(frozen=True)
+class ApplyBackward:
+    """Host function: the lazy gradient nodes of one op application."""
+
+    spec: OpSpec
+    wanted: tuple[int, ...]
+
+    def __call__(self, g, *inputs):
+        nodes = tuple(runtime.as_node(x) for x in (g, *inputs))
+        grad_cls = CustomGradOp if issubclass(self.spec.cls, CustomOp) else GradOp
+        grads = [OpNode(OpSpec(grad_cls, (("forward", self.spec), ("wrt", i)), name=f"grad[{self.spec.name}]"),
+                        nodes, nodes[1 + i].shape, nodes[1 + i].dtype)
+                 for i in self.wanted]
+        # a scalar operand's gradient is a reduction over every tile: computed now, returned as a value
+        scalars = [n for n in grads if n.shape == ()]
+        values = dict(zip(map(id, scalars), run(scalars))) if scalars else {}
+        return tuple(values.get(id(n), n) for n in grads)
+
+
+def _inexact(aval) -> bool:
+    return jax.numpy.issubdtype(aval.dtype, jax.numpy.inexact)
+
+
+def _array_flags(avals) -> list[bool]:
+    """Per input: a DiskArray (passed as a handle) or a scalar operand (passed by value)."""
+    return [isinstance(a, DiskArrayType) for a in avals]

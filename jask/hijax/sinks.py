@@ -1,0 +1,74 @@
+"""The hi-primitives of the sinks that work under ``jit``: ``materialize`` and ``persist``."""
+from __future__ import annotations
+
+import dataclasses
+
+import numpy as np
+
+from jask.exec.driver import run, store_with_next_run
+from jask.exec.sinks import MemorySink, store_numpy
+from jask.graph.tiling import block_shape
+from jask.hijax import compat, runtime
+from jask.hijax.array import DiskArray
+from jask.plan.tiling import default_tile
+
+
+@dataclasses.dataclass(frozen=True)
+class _ToMemory:
+    def __call__(self, node):
+        return run([node], lambda n, tile: MemorySink(n, tile))
+
+
+class MaterializePrimitive(compat.HiPrimitive):
+    """``materialize`` under jit: the one op whose output is a full in-memory array, by request."""
+
+    def __init__(self, in_type):
+        self.in_avals = (in_type,)
+        self.out_aval = compat.ShapedArray(in_type.shape, in_type.dtype)
+        self.params = dict(signature=in_type)
+        super().__init__()
+
+    def expand(self, x):
+        (out,) = runtime.host_call(_ToMemory(), (self.out_aval,), [runtime.ref_of(x)], [True])
+        return out
+
+    def vjp_fwd(self, nzs, x):
+        return self(x), None
+
+    def vjp_bwd_retval(self, res, g):
+        if compat.is_traced(g):
+            raise NotImplementedError("the gradient of jask.materialize under jit is not supported")
+        g = np.asarray(g)
+        return (DiskArray(node=store_numpy(g, block_shape(g.shape, default_tile(g.shape, g.dtype.itemsize)))),)
+
+
+@dataclasses.dataclass(frozen=True)
+class _Persist:
+    defer: bool = False
+
+    def __call__(self, *nodes):
+        if self.defer:
+            store_with_next_run(nodes)
+            return nodes
+        return tuple(run(nodes))
+
+
+class PersistPrimitive(compat.HiPrimitive):
+    """``persist`` under jit: compute arrays into scratch now (or with the next run); the identity for gradients."""
+
+    def __init__(self, types, defer=False):
+        self.in_avals = tuple(types)
+        self.out_aval = tuple(types)
+        self.defer = defer
+        self.params = dict(signature=tuple(types), defer=defer)
+        super().__init__()
+
+    def expand(self, *xs):
+        return runtime.host_call(_Persist(self.defer), self.out_aval, [runtime.ref_of(x) for x in xs],
+                                 [True] * len(xs))
+
+    def vjp_fwd(self, nzs, *xs):
+        return self(*xs), None
+
+    def vjp_bwd_retval(self, res, gs):
+        return tuple(gs)

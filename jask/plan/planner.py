@@ -1,0 +1,256 @@
+"""The planner: tile edge, fused and materialized nodes, lockstep groups, projected memory.
+
+Planning happens before any byte is written:
+
+1. Collect the graph below the roots and count each node's consumers (:mod:`jask.plan.walk`).
+2. Pick one tile edge ``T`` for the whole plan (every axis of every array is cut
+   into blocks of ``min(T, dim)``), so index maps of producers and consumers
+   always agree, even across transposes and contractions.
+3. Decide which intermediate nodes are *fused* (recomputed tile by tile inside
+   their consumer) and which are *materialized* to scratch: a node is fused
+   when it has exactly one consumer and that consumer reads each of its tiles
+   at most once (elementwise chains, a dot feeding an elementwise epilogue or a
+   sum). Anything else is computed once and stored.
+4. Project peak memory (:func:`jask.plan.memory.projected_bytes`) and shrink
+   ``T`` until it fits the budget, or refuse with an error saying what would fit.
+
+The planner reads no store and knows no backend: the one figure it needs from
+execution, the bytes a plan would read, is passed in (``planned_reads``).
+"""
+from __future__ import annotations
+
+import dataclasses
+import itertools
+
+import numpy as np
+
+from jask.config import config
+from jask.graph.nodes import Node, OpNode, ZerosNode
+from jask.graph.op import CustomOp
+from jask.graph.tiling import grid, tiled
+from jask.plan.fusion import entries_of, entry_program, live_positions
+from jask.plan.memory import SLOTS_FIXED, SLOTS_PER_LEAF, elements, group_bytes, human_bytes, projected_bytes, tile_bytes
+from jask.plan.tiling import MAX_TILE_ELEMENTS, MIN_TILE_EDGE, first_tile
+from jask.plan.walk import collect, leaves_and_ops, nbytes
+
+
+LOCKSTEP_MIN_TILE_BYTES = 1 << 20  # the planner halves the tile for a lockstep join down to this size
+
+
+@dataclasses.dataclass
+class Prepared:
+    """One op instance built for a plan's tiling (kernels are compiled per fused program)."""
+
+    op: object
+    name: str
+
+
+@dataclasses.dataclass
+class Plan:
+    """What will run: tile edge, materialized nodes in order, fused nodes, projected memory."""
+
+    tile: int
+    roots: list[Node]
+    stages: list[OpNode]
+    fused: list[OpNode]
+    prepared: dict[int, Prepared]
+    projected_bytes: int
+    budget: int
+    live: object = None
+    groups: list = dataclasses.field(default_factory=list)
+
+    def __post_init__(self):
+        self.fused_ids = {id(n) for n in self.fused}
+
+    def describe(self) -> str:
+        lines = [f"plan: tile edge {self.tile}, projected peak {human_bytes(self.projected_bytes)} "
+                 f"of budget {human_bytes(self.budget)}"]
+        for group in self.groups:
+            for k, n in enumerate(group):
+                inner = [self.prepared[id(f)].name for f in leaves_and_ops(n, self.fused_ids, self.live)[1][1:]]
+                extra = f" (fused: {', '.join(inner)})" if inner else ""
+                lead = "  " if k == 0 else "  + in lockstep: "
+                lines.append(f"{lead}{self.prepared[id(n)].name} -> {n.shape} {n.dtype}, "
+                             f"grid {grid(n.shape, self.tile)}{extra}")
+        return "\n".join(lines)
+
+
+def plan(roots, planned_reads) -> Plan:
+    """Plan the computation of ``roots``; raises ``ValueError`` if it cannot fit the budget.
+
+    The tile edge is the largest that fits the budget, except that when a
+    lockstep join (shared reads, no store-and-read-back) was refused for want
+    of memory, half the edge is taken if that plan reads fewer bytes
+    (``planned_reads(plan)``), down to tiles of ``LOCKSTEP_MIN_TILE_BYTES``.
+    """
+    order, _ = collect(roots)
+    every = list(order) + [i.resolved() for n in order for i in n.inputs] + [r.resolved() for r in roots]
+    tile = config.tile or first_tile([n.shape for n in every])
+    while not config.tile and tile > MIN_TILE_EDGE and any(
+            elements(n.shape, tile) > MAX_TILE_ELEMENTS for n in every):
+        tile //= 2
+    while True:
+        p, need, names, refused = _plan_at(roots, order, tile)
+        if p is not None:
+            break
+        if config.tile is not None or tile <= MIN_TILE_EDGE:
+            if config.tile is not None:
+                raise ValueError(
+                    f"memory budget of {config.memory_budget} bytes is too small for {names} with the forced "
+                    f"tile edge {tile}: it needs {need} bytes; use a smaller tile "
+                    f"(jask.config.update('tile', ...)) or a budget of at least {need} bytes")
+            raise ValueError(
+                f"memory budget of {config.memory_budget} bytes is too small for {names}: the smallest plan "
+                f"(tile edge {tile}) needs {need} bytes; raise it with jask.set_memory_budget({need})")
+        tile //= 2
+    reads = None
+    while refused and not config.tile and tile // 2 >= MIN_TILE_EDGE and max(
+            (tile_bytes(n, tile // 2) for n in p.stages), default=0) >= LOCKSTEP_MIN_TILE_BYTES:
+        smaller, _, _, refused = _plan_at(roots, order, tile // 2)
+        reads = planned_reads(p) if reads is None else reads
+        smaller_reads = planned_reads(smaller) if smaller is not None else reads
+        if smaller_reads >= reads:
+            break
+        p, tile, reads = smaller, tile // 2, smaller_reads
+    return p
+
+
+def _plan_at(roots, order, tile):
+    """The plan at one tile edge: ``(plan or None if over budget, projected bytes, stage names,
+    whether a lockstep join was refused for the budget)``."""
+    root_ids = {id(r.resolved()) for r in roots}
+    copied = [r.resolved() for r in roots if not isinstance(r.resolved(), OpNode) and r.shape != ()]
+    prepared = {id(n): _prepare(n, tile, _prepared_cache) for n in order}
+    live = lambda n: live_positions(n, prepared[id(n)].op)
+    live_order, edges = collect(roots, live)
+    fused_ids = set()
+    for n in live_order:  # producers come before consumers
+        if (config.fusion and id(n) not in root_ids
+                and _should_fuse(n, edges[id(n)], prepared, fused_ids, tile, live)):
+            fused_ids.add(id(n))
+    fused = [n for n in live_order if id(n) in fused_ids]
+    stages = [n for n in live_order if id(n) not in fused_ids]
+    groups, refused = _lockstep_groups(stages, prepared, fused_ids, tile, live, config.memory_budget,
+                                       in_step=config.fusion)
+    need = max(projected_bytes(groups, fused_ids, tile, live),
+               max(((SLOTS_PER_LEAF + SLOTS_FIXED) * tile_bytes(r, tile) for r in copied), default=0))
+    names = ", ".join(prepared[id(n)].name for n in stages)
+    if need > config.memory_budget:
+        return None, need, names, refused
+    p = Plan(tile, list(roots), stages, fused, prepared, need, config.memory_budget, live, groups)
+    return p, need, names, refused
+
+
+def _lockstep_groups(stages, prepared, fused_ids, tile, live, budget,
+                     in_step: bool = True) -> tuple[list[list[OpNode]], bool]:
+    """Split stages into groups computed tile by tile together, sharing reads.
+
+    Consecutive stages join one group when they have the same shape and each
+    output tile is a single entry (elementwise-like). A stage may read an
+    earlier member's output if it reads it only at its own tile index: that
+    tile was just computed for the same index and is taken from memory, not
+    stored and read back (only with ``in_step``, which is off when fusion is
+    off: each op of a chain is then its own pass). Gradients ``da`` and ``db``
+    of ``a - b`` then read their shared inputs once per tile instead of once
+    per gradient, and an optimizer's moments and the parameters computed from
+    them take one pass. A stage joins only while the group's projected memory
+    stays within ``budget``: sharing reads is never worth a refused plan (the
+    planner may take a smaller tile for it: :func:`plan`). Returns the groups
+    and whether a join was refused only for the budget.
+    """
+    groups: list[list[OpNode]] = []
+    joinable = refused = False
+    for node in stages:
+        simple = (node.shape != () and not isinstance(prepared[id(node)].op, CustomOp)
+                  and _one_entry_per_tile(node, prepared[id(node)], tile))
+        if (simple and joinable and groups[-1][0].shape == node.shape
+                and _reads_members_in_step(node, groups[-1], prepared, fused_ids, tile, live, in_step)):
+            if group_bytes(groups[-1] + [node], fused_ids, tile, live) <= budget:
+                groups[-1].append(node)
+                continue
+            refused = True
+        groups.append([node])
+        joinable = simple
+    return groups, refused
+
+
+def _reads_members_in_step(node, members, prepared, fused_ids, tile, live, allowed=True) -> bool:
+    """Whether ``node`` reads the members' outputs, if at all, only at its own output tile index
+    (and not at all unless ``allowed``)."""
+    member_ids = {id(m) for m in members}
+    if not any(id(n) in member_ids for n in leaves_and_ops(node, fused_ids, live)[0]):
+        return True
+    if not allowed:
+        return False
+    view = _PlanView(tile, prepared, fused_ids)
+    prep = prepared[id(node)]
+    for idx in itertools.product(*map(range, grid(node.shape, tile))):
+        for entry in entries_of(prep, node, idx):
+            for leaf in entry_program(view, node, entry).leaves:
+                if id(leaf.node) in member_ids and leaf.kind == "tile" and leaf.block != idx:
+                    return False
+    return True
+
+
+@dataclasses.dataclass(frozen=True)
+class _PlanView:
+    """What :func:`entry_program` needs of a plan, before the plan exists."""
+
+    tile: int
+    prepared: dict
+    fused_ids: set
+
+
+def _tiles_read(consumer: OpNode, prep: Prepared, position: int, tile: int) -> list:
+    """Every block index the consumer reads at one input position, over all its output tiles."""
+    return [entry[position]
+            for out_idx in np.ndindex(*grid(consumer.shape, tile))
+            for entry in entries_of(prep, consumer, out_idx)]
+
+
+def _one_entry_per_tile(node: OpNode, prep: Prepared, tile: int) -> bool:
+    return len(entries_of(prep, node, (0,) * node.ndim)) == 1
+
+
+def _should_fuse(node, edges, prepared, fused_ids, tile, live) -> bool:
+    """Fuse (recompute per consumer tile) or materialize? The planner's one cost rule.
+
+    A node is fused only if each consumer reads each of its tiles at most once.
+    With a single consumer that is always cheaper than storing it. With ``c``
+    consumers, recomputing reads the node's leaves ``c`` times (``c * L`` array
+    sizes, where ``L`` is leaf bytes over the node's bytes), while storing costs
+    ``L`` (one read of the leaves) + 1 (the write) + ``c`` (reading it back).
+    Recompute only chains of one-entry-per-tile ops (elementwise work), never a
+    contraction, whose per-tile reads are far larger than ``L`` suggests.
+    """
+    if isinstance(prepared[id(node)].op, CustomOp):
+        return False
+    for consumer, p in edges:
+        if isinstance(prepared[id(consumer)].op, CustomOp):
+            return False
+        seen = _tiles_read(consumer, prepared[id(consumer)], p, tile)
+        if len(seen) != len(set(seen)):
+            return False
+    if len(edges) == 1:
+        return True
+    leaves, ops = leaves_and_ops(node, fused_ids, live)
+    if not all(_one_entry_per_tile(n, prepared[id(n)], tile) for n in ops):
+        return False
+    ratio = sum(0 if isinstance(leaf, ZerosNode) else nbytes(leaf) for leaf in leaves) / max(nbytes(node), 1)
+    c = len(edges)
+    return c * ratio <= ratio + 1 + c
+
+
+def _prepare(node: OpNode, tile: int, cache) -> Prepared:
+    key = (node.spec, tuple(tiled(i.resolved(), tile) for i in node.inputs))
+    if key not in cache:
+        cache[key] = Prepared(node.spec.build(list(key[1])), node.spec.name)
+        while len(cache) > _CACHE_SIZE:
+            cache.pop(next(iter(cache)))
+    return cache[key]
+
+
+_CACHE_SIZE = 256
+
+
+_prepared_cache: dict = {}
