@@ -309,3 +309,22 @@ def test_fused_kernel_is_one_pallas_call_holding_the_chain(small_tiles):
     kernel = fused_kernel(program, kernels.get_backend())
     jaxpr = str(kernel.jaxpr(A[:4, :4], B[:4, :4]))
     assert jaxpr.count("pallas_call") == 1 and "sub" in jaxpr and "mul" in jaxpr and "add" in jaxpr
+
+
+def test_a_long_rebinding_loop_is_cut_into_stages():
+    """``x = x + u`` 400 times (optax-style code without update_) computes, in constant stack depth.
+
+    It used to raise RecursionError at ~329 chained ops while building the fused
+    program; chains longer than MAX_FUSED_CHAIN are now cut into stages, so the
+    pass makes at least 400 / MAX_FUSED_CHAIN kernel calls instead of one.
+    """
+    from jask.plan.planner import MAX_FUSED_CHAIN
+    A = np.arange(12, dtype=np.float32).reshape(3, 4)
+    U = np.full((3, 4), 0.5, np.float32)
+    x, u = jask.from_numpy(A), jask.from_numpy(U)
+    for _ in range(400):
+        x = x + u
+    with jask.profile() as p:
+        out = np.asarray(x)
+    np.testing.assert_allclose(out, A + 400 * U)
+    assert p.kernel_calls >= 400 // MAX_FUSED_CHAIN

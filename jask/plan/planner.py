@@ -35,6 +35,10 @@ from jask.plan.walk import collect, leaves_and_ops, nbytes
 
 
 LOCKSTEP_MIN_TILE_BYTES = 1 << 20  # the planner halves the tile for a lockstep join down to this size
+# Longest chain of ops fused into one tile program: a longer chain is cut into stages. Building the
+# program recurses once per fused op (a 329-op rebinding loop hit Python's recursion limit), and
+# one program per 64 ops keeps each compile small.
+MAX_FUSED_CHAIN = 64
 
 
 @dataclasses.dataclass
@@ -123,9 +127,11 @@ def _plan_at(roots, order, tile):
     prepared = {id(n): _prepare(n, tile, _prepared_cache) for n in order}
     live = lambda n: live_positions(n, prepared[id(n)].op)
     live_order, edges = collect(roots, live)
-    fused_ids = set()
+    fused_ids, chain = set(), {}
     for n in live_order:  # producers come before consumers
-        if (config.fusion and id(n) not in root_ids
+        chain[id(n)] = 1 + max((chain[id(i.resolved())] for i in n.inputs if id(i.resolved()) in fused_ids),
+                               default=0)
+        if (config.fusion and id(n) not in root_ids and chain[id(n)] < MAX_FUSED_CHAIN
                 and _should_fuse(n, edges[id(n)], prepared, fused_ids, tile, live)):
             fused_ids.add(id(n))
     fused = [n for n in live_order if id(n) in fused_ids]
