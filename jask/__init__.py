@@ -14,9 +14,9 @@ from jask.linalg.mul import mul
 from jask.linalg.square import square
 from jask.linalg.sub import sub
 from jask.linalg.sum import sum  # noqa: A004
-from jask.linalg.transpose import transpose
 from jask.profile import explain, profile, runtime_baseline
 from jask import numpy  # noqa: E402 - jax.numpy's API over DiskArrays
+from jask.ops.shape import transpose  # axes positional too, as jnp.transpose
 from jask.sinks import materialize, persist, rechunk, to_zarr, update_
 from jask.sources import from_numpy, from_zarr
 

@@ -104,9 +104,13 @@ class DiskArrayType(compat.HiType):
     _neg = staticmethod(lambda x: _np("negative", x))
     _pos = staticmethod(lambda x: _np("positive", x))
     _abs = staticmethod(lambda x: _np("abs", x))
-    _matmul = staticmethod(lambda x, y: _binary("dot", x, y))
-    _rmatmul = staticmethod(lambda x, y: _binary("dot", y, x))
+    _matmul = staticmethod(lambda x, y: _np("matmul", x, y))
+    _rmatmul = staticmethod(lambda x, y: _np("matmul", y, x))
+    _getitem = staticmethod(lambda x, key: _np("_getitem", x, key))
     T = compat.aval_property(lambda x: _transpose(x))
+    reshape = compat.aval_method(lambda x, *shape, **k: _np("_reshape_method", x, *shape, **k))
+    transpose = compat.aval_method(lambda x, *axes: _np("_transpose_method", x, *axes))
+    squeeze = compat.aval_method(lambda x, *a, **k: _np("squeeze", x, *a, **k))
     sum = compat.aval_method(lambda x, *a, **k: _np("sum", x, *a, **k))
     mean = compat.aval_method(lambda x, *a, **k: _np("mean", x, *a, **k))
     max = compat.aval_method(lambda x, *a, **k: _np("max", x, *a, **k))
@@ -117,11 +121,6 @@ class DiskArrayType(compat.HiType):
     argmax = compat.aval_method(lambda x, *a, **k: _np("argmax", x, *a, **k))
     argmin = compat.aval_method(lambda x, *a, **k: _np("argmin", x, *a, **k))
     astype = compat.aval_method(lambda x, dtype: _np("astype", x, dtype))
-
-
-def _binary(name, x, y):
-    import jask
-    return getattr(jask, name)(x, y)
 
 
 def _np(name, *args, **kwargs):
@@ -243,9 +242,14 @@ class DiskArray:
     __neg__ = lambda self: _np("negative", self)
     __pos__ = lambda self: _np("positive", self)
     __abs__ = lambda self: _np("abs", self)
-    __matmul__ = lambda self, o: _binary("dot", self, o)
-    __rmatmul__ = lambda self, o: _binary("dot", o, self)
+    __matmul__ = lambda self, o: _np("matmul", self, o)
+    __rmatmul__ = lambda self, o: _np("matmul", o, self)
+    __getitem__ = lambda self, key: _np("_getitem", self, key)
+    __array_ufunc__ = None   # NumPy operands defer to our reflected operators instead of reading us whole
     T = property(lambda self: _transpose(self))
+    reshape = lambda self, *shape, **k: _np("_reshape_method", self, *shape, **k)
+    transpose = lambda self, *axes: _np("_transpose_method", self, *axes)
+    squeeze = lambda self, *a, **k: _np("squeeze", self, *a, **k)
     sum = lambda self, *a, **k: _np("sum", self, *a, **k)
     mean = lambda self, *a, **k: _np("mean", self, *a, **k)
     max = lambda self, *a, **k: _np("max", self, *a, **k)
