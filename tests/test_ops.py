@@ -166,6 +166,14 @@ OPS = [
                  id="np_einsum_transpose"),
     pytest.param((_mat((5, 7)), _mat((5, 7))), lambda a, b: knp.einsum("ij,ij->", a, b),
                  lambda a, b: jnp.einsum("ij,ij->", a, b), id="np_einsum_full"),
+    # jask.nn
+    pytest.param((_mat((5, 7)), _mat((7,))), lambda x, b: jask.nn.relu(x + b) * jask.nn.sigmoid(x),
+                 lambda x, b: jax.nn.relu(x + b) * jax.nn.sigmoid(x), id="nn_relu_sigmoid"),
+    pytest.param((_mat((5, 7)),), jask.nn.softmax, jax.nn.softmax, id="nn_softmax"),
+    pytest.param((_mat((5, 7)),), lambda x: jask.nn.log_softmax(x, axis=0), lambda x: jax.nn.log_softmax(x, axis=0),
+                 id="nn_log_softmax_axis0"),
+    pytest.param((_mat((5, 7)),), lambda x: jask.nn.logsumexp(x, axis=1), lambda x: jax.nn.logsumexp(x, axis=1),
+                 id="nn_logsumexp"),
     # operators
     pytest.param((_mat((5, 7)), _mat((7, 6))), operator.matmul, operator.matmul, id="matmul_operator"),
     pytest.param((_mat((5, 7)),), lambda a: a.T, lambda a: a.T, id="T_operator"),
@@ -188,7 +196,7 @@ MODES = ("forward", "forward_jit", "grad_eager", "jit_of_grad")
 GRAD_OF_JIT = {"add", "mul", "mul_array_jaxscalar", "sum", "dot", "dot_batched", "dot_matvec",
                "transpose_axes", "chain_dot_sub_square", "chain_add_scalarmul_T_dot",
                "np_add_bias_row", "np_jaxscalar_maximum_div", "np_sum_axes_keepdims", "np_max_axis",
-               "np_logsumexp_all", "getitem_steps", "np_concatenate", "reshape_merge", "np_einsum_batched"}
+               "np_logsumexp_all", "getitem_steps", "np_concatenate", "nn_softmax", "reshape_merge", "np_einsum_batched"}
 # One row after another, all its modes together, so a row's tile kernels compile once.
 CASES = [pytest.param(*p.values, mode, id=f"{p.id}-{mode}")
          for p in OPS

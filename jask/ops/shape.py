@@ -165,7 +165,16 @@ def transpose(a, axes=None):
     """``jnp.transpose``: axes permuted (reversed by default); ``axes`` may be given positionally."""
     if not is_disk_array(a):
         return jnp.transpose(a, axes)
-    return _transpose_op(a, axes=None if axes is None else tuple(int(x) for x in axes))
+    return _transpose_op(a, axes=axes)
+
+
+def transpose_op(a, *axes, **kwargs):
+    """``jask.transpose(a, axes)``: the seed's strict op (DiskArrays only), ``axes`` also positional."""
+    if len(axes) > 1 or (axes and "axes" in kwargs):
+        raise TypeError(f"transpose takes one DiskArray and its axes, got {1 + len(axes) + len(kwargs)} arguments")
+    if axes:
+        kwargs["axes"] = axes[0]
+    return _transpose_op(a, **kwargs)
 
 
 def swapaxes(a, axis1, axis2):
