@@ -14,17 +14,19 @@ from jask.linalg.mul import mul
 from jask.linalg.square import square
 from jask.linalg.sub import sub
 from jask.linalg.sum import sum  # noqa: A004
-from jask.linalg.transpose import transpose
 from jask.api import methods  # noqa: F401 - DiskArray's operators and methods
 from jask.api.observe import explain, profile, runtime_baseline
 from jask import numpy  # noqa: E402 - jax.numpy's API over DiskArrays
+from jask.ops.shape import transpose_op as transpose  # axes positional too, as jnp.transpose
+from jask import nn  # noqa: E402 - jax.nn's names over DiskArrays
+from jask.ops.batches import batches
 from jask.api.sinks import materialize, persist, rechunk, to_zarr, update_
 from jask.api.sources import from_numpy, from_zarr
 
 __version__ = "0.1.0"
 
 __all__ = [
-    "DiskArray", "Stats", "add", "cleanup_scratch", "config", "dot", "explain", "from_numpy", "from_zarr",
-    "materialize", "mul", "numpy", "persist", "profile", "rechunk", "runtime_baseline", "set_memory_budget",
+    "DiskArray", "Stats", "add", "batches", "cleanup_scratch", "config", "dot", "explain", "from_numpy", "from_zarr",
+    "materialize", "mul", "nn", "numpy", "persist", "profile", "rechunk", "runtime_baseline", "set_memory_budget",
     "square", "sub", "sum", "to_zarr", "transpose", "update_",
 ]

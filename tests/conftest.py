@@ -68,7 +68,8 @@ def _session_scratch(request, tmp_path_factory):
     jask.set_memory_budget(config.memory_budget, scratch_dir=root)
     yield root
     runtime.safe_point()
-    gc.collect()
+    jax.clear_caches()  # a jitted function keeps the DiskArrays it created while tracing (slice iotas,
+    gc.collect()         # in-memory operands) as constants for as long as its compiled code is cached
     leftovers = [os.path.join(d, f) for d, dirs, files in os.walk(root) for f in dirs if f.endswith(".zarr")]
     assert not leftovers, f"scratch stores left after the test session: {leftovers[:5]}"
     if request.session.testsfailed == 0:

@@ -59,7 +59,8 @@ def test_mismatched_dtypes_float32_float64(small_tiles):
         with pytest.raises(TypeError, match="mismatched dtypes float32, float64"):
             jask.add(a, b)
         with pytest.raises(TypeError, match="mismatched dtypes"):
-            a @ _arr((7, 3), dtype=np.float64)
+            jask.dot(a, _arr((7, 3), dtype=np.float64))
+        assert (a @ _arr((7, 3), dtype=np.float64)).dtype == np.float64    # the operator promotes, as jnp
 
 
 @pytest.mark.parametrize("dtype", [np.float64, np.int64])

@@ -224,8 +224,8 @@ def test_in_memory_operand_is_written_once(small_tiles):
 
 
 def test_unsupported_names_raise_with_alternative():
-    with pytest.raises(NotImplementedError, match=r"jask.numpy.einsum is not supported yet; nearest supported: matmul"):
-        knp.einsum
+    with pytest.raises(NotImplementedError, match=r"jask.numpy.vdot is not supported yet; nearest supported: sum"):
+        knp.vdot
     with pytest.raises(NotImplementedError, match=r"jask.numpy.nanargmax .*nearest supported: argmax"):
         knp.nanargmax
     with pytest.raises(NotImplementedError, match=r"jask.numpy.linalg.svd"):

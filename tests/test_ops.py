@@ -71,6 +71,9 @@ def _scalar(value):
     return _Scalar(value)
 
 
+_W73 = np.random.default_rng(73).standard_normal((7, 3)).astype(np.float32)   # in-memory weights and bias
+_B3 = jnp.asarray([0.5, -1.0, 2.0], jnp.float32)
+
 OPS = [
     # elementwise
     pytest.param((_mat((5, 7)), _mat((5, 7))), jask.add, lambda a, b: a + b, id="add"),
@@ -133,6 +136,44 @@ OPS = [
     pytest.param((_mat((5, 6, 3)),), jask.transpose, jnp.transpose, id="transpose_3d"),
     pytest.param((_mat((3, 5, 6)),), lambda a: jask.transpose(a, axes=(2, 0, 1)),
                  lambda a: jnp.transpose(a, (2, 0, 1)), id="transpose_axes"),
+    pytest.param((_mat((3, 5, 6)),), lambda a: jask.transpose(a, (2, 0, 1)),
+                 lambda a: jnp.transpose(a, (2, 0, 1)), id="transpose_positional_axes"),
+    pytest.param((_mat((3, 5, 6)),), lambda a: knp.swapaxes(knp.moveaxis(a, 0, -1), 0, 1),
+                 lambda a: jnp.swapaxes(jnp.moveaxis(a, 0, -1), 0, 1), id="np_moveaxis_swapaxes"),
+    # shape and indexing
+    pytest.param((_mat((9, 7)),), lambda a: a[1:8:2, ::-1], lambda a: a[1:8:2, ::-1], id="getitem_steps"),
+    pytest.param((_mat((5, 7)),), lambda a: a[3, None, 1:] * 2.0, lambda a: a[3, None, 1:] * 2.0,
+                 id="getitem_int_none"),
+    pytest.param((_mat((6, 5, 7)),), lambda a: a[..., 2:, -1], lambda a: a[..., 2:, -1], id="getitem_ellipsis"),
+    pytest.param((_mat((9, 2, 2)),), lambda a: a.reshape(9, 4), lambda a: a.reshape(9, 4), id="reshape_merge"),
+    pytest.param((_mat((5, 4)),), lambda a: knp.reshape(a, (5, 2, -1)), lambda a: jnp.reshape(a, (5, 2, -1)),
+                 id="np_reshape_split"),
+    pytest.param((_mat((5, 7)),), lambda a: knp.squeeze(knp.expand_dims(a, (0, 2)), 0),
+                 lambda a: jnp.squeeze(jnp.expand_dims(a, (0, 2)), 0), id="np_expand_squeeze"),
+    pytest.param((_mat((5, 7)), _mat((3, 7))), lambda a, b: knp.concatenate([a, b, a[1:3]]),
+                 lambda a, b: jnp.concatenate([a, b, a[1:3]]), id="np_concatenate"),
+    pytest.param((_mat((5, 7)), _mat((5, 2))), lambda a, b: knp.concatenate([b, a], axis=-1),
+                 lambda a, b: jnp.concatenate([b, a], axis=-1), id="np_concatenate_axis1"),
+    pytest.param((_mat((5, 7)), _mat((5, 7))), lambda a, b: knp.stack([a, b], axis=1),
+                 lambda a, b: jnp.stack([a, b], axis=1), id="np_stack"),
+    # contractions with in-memory operands, einsum
+    pytest.param((_mat((5, 7)),), lambda x: x @ _W73 + _B3, lambda x: x @ _W73 + _B3, id="np_matmul_inmemory_weight"),
+    pytest.param((_mat((5, 7)), _mat((7, 6))), lambda a, b: knp.einsum("ij,jk->ik", a, b),
+                 lambda a, b: jnp.einsum("ij,jk->ik", a, b), id="np_einsum_matmul"),
+    pytest.param((_mat((3, 5, 7)), _mat((3, 7, 6))), lambda a, b: knp.einsum("bij,bjk->bik", a, b),
+                 lambda a, b: jnp.einsum("bij,bjk->bik", a, b), id="np_einsum_batched"),
+    pytest.param((_mat((5, 7)),), lambda a: knp.einsum("ij->ji", a), lambda a: jnp.einsum("ij->ji", a),
+                 id="np_einsum_transpose"),
+    pytest.param((_mat((5, 7)), _mat((5, 7))), lambda a, b: knp.einsum("ij,ij->", a, b),
+                 lambda a, b: jnp.einsum("ij,ij->", a, b), id="np_einsum_full"),
+    # jask.nn
+    pytest.param((_mat((5, 7)), _mat((7,))), lambda x, b: jask.nn.relu(x + b) * jask.nn.sigmoid(x),
+                 lambda x, b: jax.nn.relu(x + b) * jax.nn.sigmoid(x), id="nn_relu_sigmoid"),
+    pytest.param((_mat((5, 7)),), jask.nn.softmax, jax.nn.softmax, id="nn_softmax"),
+    pytest.param((_mat((5, 7)),), lambda x: jask.nn.log_softmax(x, axis=0), lambda x: jax.nn.log_softmax(x, axis=0),
+                 id="nn_log_softmax_axis0"),
+    pytest.param((_mat((5, 7)),), lambda x: jask.nn.logsumexp(x, axis=1), lambda x: jax.nn.logsumexp(x, axis=1),
+                 id="nn_logsumexp"),
     # operators
     pytest.param((_mat((5, 7)), _mat((7, 6))), operator.matmul, operator.matmul, id="matmul_operator"),
     pytest.param((_mat((5, 7)),), lambda a: a.T, lambda a: a.T, id="T_operator"),
@@ -155,7 +196,7 @@ MODES = ("forward", "forward_jit", "grad_eager", "jit_of_grad")
 GRAD_OF_JIT = {"add", "mul", "mul_array_jaxscalar", "sum", "dot", "dot_batched", "dot_matvec",
                "transpose_axes", "chain_dot_sub_square", "chain_add_scalarmul_T_dot",
                "np_add_bias_row", "np_jaxscalar_maximum_div", "np_sum_axes_keepdims", "np_max_axis",
-               "np_logsumexp_all"}
+               "np_logsumexp_all", "getitem_steps", "np_concatenate", "nn_softmax", "reshape_merge", "np_einsum_batched"}
 # One row after another, all its modes together, so a row's tile kernels compile once.
 CASES = [pytest.param(*p.values, mode, id=f"{p.id}-{mode}")
          for p in OPS

@@ -186,7 +186,16 @@ def test_gate_covers_the_ops_table():
                  **{i: "np_sum_axis" for i in ("np_sum_axis1", "np_sum_axes_keepdims", "np_mean_axis0_bias",
                                                "np_var_keepdims", "np_std_all", "np_norm_axis", "np_norm_fro")},
                  **{i: "np_max_axis" for i in ("np_max_axis", "np_min_all", "np_logsumexp_axes",
-                                               "np_logsumexp_all")}}
+                                               "np_logsumexp_all", "nn_softmax", "nn_log_softmax_axis0",
+                                               "nn_logsumexp")},
+                 # shape, indexing and contractions: the strided gather, the reshape, transpose and dot
+                 **{i: "np_strided" for i in ("getitem_steps", "getitem_int_none", "getitem_ellipsis",
+                                              "np_concatenate", "np_concatenate_axis1", "np_stack")},
+                 **{i: "np_reshape" for i in ("reshape_merge", "np_reshape_split", "np_expand_squeeze")},
+                 **{i: "transpose_axes" for i in ("transpose_positional_axes", "np_moveaxis_swapaxes",
+                                                  "np_einsum_transpose")},
+                 "np_matmul_inmemory_weight": "dot", "np_einsum_matmul": "dot", "np_einsum_batched": "dot_batched",
+                 "np_einsum_full": "fused_sub_square_sum", "nn_relu_sigmoid": "np_elementwise"}
     missing = [p.id for p in test_ops.OPS if operators.get(p.id, p.id) not in names]
     assert not missing
 

@@ -14,7 +14,6 @@ from jask.api.sinks import persist, to_numpy, to_zarr, update_
 from jask.hijax import compat
 from jask.hijax.array import DiskArray, DiskArrayType
 from jask.linalg.add import add
-from jask.linalg.dot import dot
 from jask.linalg.transpose import transpose
 
 BINARY = {"add": "add", "sub": "subtract", "mul": "multiply", "truediv": "true_divide",
@@ -69,8 +68,16 @@ def install() -> None:
         fn = getattr(jnp_disk, name)
         setattr(DiskArray, f"__{short}__", _method(fn))
         setattr(DiskArrayType, f"_{short}", staticmethod(_method(fn)))
-    DiskArray.__matmul__, DiskArray.__rmatmul__ = _method(dot), _reflected(dot)
-    DiskArrayType._matmul, DiskArrayType._rmatmul = staticmethod(_method(dot)), staticmethod(_reflected(dot))
+    matmul = jnp_disk.matmul   # jnp's promotion; in-memory NumPy/JAX operands on either side
+    DiskArray.__matmul__, DiskArray.__rmatmul__ = _method(matmul), _reflected(matmul)
+    DiskArrayType._matmul, DiskArrayType._rmatmul = staticmethod(_method(matmul)), staticmethod(_reflected(matmul))
+    DiskArray.__getitem__ = _method(jnp_disk._getitem)
+    DiskArrayType._getitem = staticmethod(_method(jnp_disk._getitem))
+    DiskArray.__array_ufunc__ = None   # NumPy operands defer to our reflected operators instead of reading us whole
+    for name, fn in (("reshape", jnp_disk._reshape_method), ("transpose", jnp_disk._transpose_method),
+                     ("squeeze", jnp_disk.squeeze)):
+        setattr(DiskArray, name, _method(fn))
+        setattr(DiskArrayType, name, compat.aval_method(_method(fn)))
     DiskArray.T = property(_method(transpose))
     DiskArrayType.T = compat.aval_property(_method(transpose))
     for name in METHODS:

@@ -248,8 +248,9 @@ def gpu_plan(kind, spec, acc_dtype, limits: Limits = LIMITS, dots=()) -> Plan:
     return Plan("general")
 
 
-# Primitives Pallas cannot lower on a target (jax 0.10.2; found by the lowering gate: jask.numpy.prod).
-UNLOWERABLE = {"tpu": frozenset({"reduce_prod"}), "gpu": frozenset({"reduce_prod"})}
+# Primitives Pallas cannot lower on a target (jax 0.10.2; found by the lowering gate: jask.numpy.prod,
+# and the row gather of jask.numpy slicing and concatenate, whose programs run as xla there).
+UNLOWERABLE = {"tpu": frozenset({"reduce_prod", "gather"}), "gpu": frozenset({"reduce_prod", "gather"})}
 
 
 def _all_prims(jaxpr) -> set:

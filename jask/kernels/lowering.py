@@ -108,6 +108,22 @@ def _fused_case(name, steps, root, n_leaves, blocks, out_block, k, edge, dtype):
     return _window_case(name, op, blocks, [dtype] * n_leaves, out_block, k, edge, dtype)
 
 
+def _shape_cases(edge, dtype):
+    """jask.numpy shape ops: a strided row gather (slices, concatenate) and a regrouping reshape."""
+    from jask.ops.indexing import Strided
+    from jask.ops.shape import Reshape
+    n, m = 3 * edge, 3 * edge // 2
+    x, iota = _tiled((n, n), dtype, edge), _tiled((m, 1), np.int32, edge)
+    op = Strided.from_inputs(x, x, x, iota, axes=(0,), starts=(1,), steps=(2,), out_shape=(m, n))
+    strided = _window_case("np_strided", op, [x.block_shape] * 3 + [iota.block_shape], [dtype] * 3 + [np.int32],
+                           (min(edge, m), min(edge, n)), 1, edge, dtype)
+    x, witness = _tiled((n, 2, 2), dtype, edge), _tiled((1, 4), np.bool_, edge)
+    op = Reshape.from_inputs(x, witness, out_shape=(n, 4))
+    reshape = _window_case("np_reshape", op, [x.block_shape, witness.block_shape], [dtype, np.bool_],
+                           (min(edge, n), 4), 1, edge, dtype)
+    return [strided, reshape]
+
+
 def _np_elementwise(a, b):
     """A jask.numpy-style chain: comparison, where, exp, maximum, clip."""
     return jnp.clip(jnp.where(a > b, jnp.exp(a), jnp.maximum(a, b)), -3.0, 3.0)
@@ -156,6 +172,7 @@ def cases(edges, dtypes):
                 _op_case("np_sum_axis", Sum, [sq], e, dtype, axis=1),
                 _op_case("np_max_axis", Max, [sq], e, dtype, axis=0),
                 _op_case("np_prod_axis", Prod, [sq], e, dtype, axis=1),
+                *_shape_cases(e, dtype),
                 _window_case("window_sum_many", Sum(axes=(0, 1)), [(e, e)], [dtype], (), 64, e, dtype, n_tiles=1),
                 _window_case("window_dot_k8", Dot(), [(e, e), (e, e)], [dtype] * 2, (e, e), 8, e, dtype,
                              n_tiles=4),

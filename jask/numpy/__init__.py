@@ -9,9 +9,10 @@ import difflib
 
 import jax.numpy as _jnp
 
-from jask.linalg.dot import dot as _dot
-from jask.linalg.transpose import transpose as _transpose
 from jask.numpy import linalg
+from jask.ops.contract import dot, einsum, matmul, tensordot  # noqa: F401
+from jask.ops.indexing import concatenate, getitem as _getitem, stack  # noqa: F401
+from jask.ops.shape import expand_dims, moveaxis, reshape, squeeze, swapaxes, transpose  # noqa: F401
 from jask.ops.elementwise import (  # noqa: F401, A004
     abs, absolute, add, arccos, arccosh, arcsin, arcsinh, arctan, arctan2, arctanh, astype, cbrt, ceil,
     clip, cos, cosh, divide, elementwise, equal, exp, exp2, expm1, float_power, floor, floor_divide, greater,
@@ -31,31 +32,23 @@ from jax.numpy import (  # noqa: F401, E402
 )
 
 
-def matmul(a, b):
-    """``a @ b`` with NumPy matmul semantics (batched, vectors)."""
-    return _dot(a, b)
+def _reshape_method(a, *shape, order="C"):
+    """``x.reshape(2, 3)`` and ``x.reshape((2, 3))``, as on jax arrays."""
+    return reshape(a, shape[0] if len(shape) == 1 and isinstance(shape[0], (tuple, list)) else shape, order)
 
 
-def dot(a, b):
-    """``jnp.dot`` for 1-D and 2-D operands (equal to matmul there)."""
-    if a.ndim > 2 or b.ndim > 2:
-        raise NotImplementedError("jask.numpy.dot of arrays above 2-D is not supported; "
-                                  "use jask.numpy.matmul (batched) instead")
-    return _dot(a, b)
-
-
-def transpose(a, axes=None):
-    """Permute axes (reverse them by default)."""
-    return _transpose(a, axes=axes)
+def _transpose_method(a, *axes):
+    """``x.transpose()``, ``x.transpose(1, 0)`` and ``x.transpose((1, 0))``, as on jax arrays."""
+    if len(axes) == 1 and (axes[0] is None or isinstance(axes[0], (tuple, list))):
+        axes = axes[0]
+    return transpose(a, axes or None)
 
 
 _HINTS = {
-    "reshape": "none yet for DiskArrays; for small arrays jask.from_numpy(np.asarray(x).reshape(...))",
-    "einsum": "matmul and transpose", "tensordot": "matmul and transpose", "vdot": "sum(multiply(a, b))",
-    "inner": "sum(multiply(a, b), axis=-1)", "outer": "multiply with broadcasting (a[:, None] as a (n, 1) array)",
-    "concatenate": "to_zarr into one store", "stack": "to_zarr into one store",
+    "vdot": "sum(multiply(a, b))", "inner": "einsum", "outer": "einsum('i,j->ij', a, b)",
+    "ravel": "reshape", "hstack": "concatenate", "vstack": "concatenate", "take": "slicing, or jask.batches",
     "nanmax": "max", "nanmin": "min", "nansum": "sum with where(isnan(x), 0, x)", "nanmean": "mean",
-    "average": "mean", "cumsum": "sum", "softmax": "exp(x - logsumexp(x, axis, keepdims=True))",
+    "average": "mean", "cumsum": "sum", "softmax": "jask.nn.softmax",
     "asarray": "jask.from_numpy", "array": "jask.from_numpy",
     "zeros_like": "none yet; x * 0 for finite x", "ones_like": "none yet; x * 0 + 1 for finite x",
 }

@@ -1,0 +1,89 @@
+"""Minibatches: row batches of DiskArray datasets, read into memory one batch at a time.
+
+A training step works on one batch, small enough for memory, so batches come
+out as NumPy arrays: a step jitted over them compiles once (every batch has the
+same shape; the last partial batch is dropped unless ``drop_last=False``) and
+runs on jnp with in-memory weights. Each batch reads only its rows' region of
+the store (counted in ``jask.profile()``), and the next batch is read on a
+background thread while the step computes.
+
+``shuffle=seed`` permutes the order of the batches (a new order per epoch with
+``epoch=``), not rows across batches: random single rows would each read a
+whole chunk. Shuffle the rows once on disk when that matters.
+"""
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from jask.hijax.array import DiskArray
+from jask.graph.nodes import StoredNode
+from jask.exec.events import count
+from jask.io.reader import Prefetcher, reader_for
+
+
+def _stored(name, x):
+    if not isinstance(x, DiskArray) or x._node is None:
+        raise TypeError(f"batches: {name} must be a DiskArray outside jit (got {type(x).__name__}); "
+                        "iterate over batches outside the jitted step and pass each batch in")
+    if x.ndim == 0:
+        raise ValueError(f"batches: {name} is 0-d; batches are rows of an array of rank >= 1")
+    node = x._node.resolved()
+    if not isinstance(node, StoredNode):
+        from jask.api.sinks import persist
+        node = persist(x)._node.resolved()          # a lazy dataset is computed once, then read by rows
+    return node.store
+
+
+def batches(*arrays, batch_size, shuffle=None, epoch=0, drop_last=True):
+    """Yield row batches ``(x[i:i+b], y[i:i+b], ...)`` of DiskArrays with equal row counts, as NumPy arrays.
+
+    With one array, yields arrays; with several, tuples. ``shuffle`` is a seed
+    for the batch order (``epoch`` varies it per epoch), ``None`` keeps order.
+    """
+    if not arrays:
+        raise TypeError("batches needs at least one DiskArray")
+    batch_size = int(batch_size)
+    if batch_size < 1:
+        raise ValueError(f"batches: batch_size must be >= 1, got {batch_size}")
+    rows = {a.shape[0] if isinstance(a, DiskArray) and a.ndim else None for a in arrays}
+    stores = [_stored(f"argument {k}", a) for k, a in enumerate(arrays)]
+    if len(rows) != 1:
+        raise ValueError(f"batches: arrays need the same number of rows, got shapes "
+                         f"{', '.join(str(a.shape) for a in arrays)}")
+    n = rows.pop()
+    count = n // batch_size if drop_last else math.ceil(n / batch_size)
+    if count == 0:
+        raise ValueError(f"batches: {n} rows make no full batch of {batch_size}; use a smaller batch_size "
+                         "or drop_last=False")
+    order = np.arange(count) if shuffle is None else np.random.default_rng([int(shuffle), int(epoch)]).permutation(count)
+    return _iterate(stores, [int(b) for b in order], batch_size, n, len(arrays) == 1)
+
+
+def _iterate(stores, order, batch_size, n, single):
+    requests = []
+    for b in order:
+        for k, store in enumerate(stores):
+            reg = (slice(b * batch_size, min((b + 1) * batch_size, n)),) + tuple(slice(0, d) for d in store.shape[1:])
+            requests.append(((b, k), _reader(store, reg)))
+    with Prefetcher(requests, depth=2 * len(stores), count=count) as stream:
+        while True:
+            got = [value for _, value in _take(stream, len(stores))]
+            if not got:
+                return
+            yield got[0] if single else tuple(got)
+
+
+def _take(stream, k):
+    out = []
+    for _ in range(k):
+        item = next(stream, None)
+        if item is None:
+            break
+        out.append(item)
+    return out
+
+
+def _reader(store, reg):
+    return lambda: np.array(reader_for(store).read(reg))

@@ -1,0 +1,273 @@
+"""Basic indexing and concatenation: one tiled op, :class:`Strided`, gathers rows at a fixed stride.
+
+Along each axis the output row ``r`` is the input row ``start + r * step``
+(``step`` may be negative), and rows that fall outside the input are zero.
+Slicing (``x[i:j:k]``, integers, ``None``, ``...``) is that with rows inside the
+input; padding is that with a negative start, and ``concatenate`` is the sum of
+its pieces padded to their places (fused into one pass, each output tile
+reading only the tiles of the pieces it overlaps).
+
+The planner gives every array one tile edge, so an output tile's rows come from
+at most ``K`` consecutive input tiles along each axis (``K = |step| + 1`` at
+most). They are passed as ``K`` input positions of ``x``; which rows of them the
+tile takes depends on the tile's place, which ``forward_block`` cannot see, so
+the op also reads an int32 *iota* per moving axis (the output row numbers,
+one small array written once per call). The gradient is ``jax.vjp`` of the
+same gather, summed over the positions by JAX.
+"""
+from __future__ import annotations
+
+import itertools
+import math
+import operator
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from jask.graph.op import BlockParallelOp
+from jask.hijax.array import is_disk_array, type_of
+from jask.hijax.make_op import make_op
+from jask.hijax.compat import is_traced
+from jask.api.sources import from_numpy
+
+MAX_STEP = 16   # an output tile reads |step| + 1 input tiles per axis: beyond this, refuse
+
+
+def _axis_plan(n, start, step, m, in_block, out_block):
+    """Per output tile along one axis: ``(first, last)`` input blocks it reads, or None (all padding)."""
+    spans = []
+    for i in range(math.ceil(m / out_block)):
+        rows = start + step * np.arange(i * out_block, min((i + 1) * out_block, m))
+        rows = rows[(rows >= 0) & (rows < n)]
+        spans.append((int(rows.min()) // in_block, int(rows.max()) // in_block) if rows.size else None)
+    return tuple(spans)
+
+
+class Strided(BlockParallelOp):
+    """``out[r] = x[start + r * step]`` per moving axis (zero outside ``x``); inputs ``(x * K, *iotas)``."""
+
+    def __init__(self, shape, axes, starts, steps, out_shape, plans=(), blocks=()):
+        self.shape, self.axes, self.starts, self.steps = tuple(shape), tuple(axes), tuple(starts), tuple(steps)
+        self.out_shape, self.plans, self.blocks = tuple(out_shape), tuple(plans), tuple(blocks)
+        self.ks = tuple(positions(s) for s in self.steps)
+        self.n_x = math.prod(self.ks)
+
+    @classmethod
+    def from_inputs(cls, *inputs, axes, starts, steps, out_shape):
+        x, iotas = inputs[0], inputs[len(inputs) - len(axes):]
+        plans = tuple(_axis_plan(x.shape[a], s, st, out_shape[a], x.block_shape[a], io.block_shape[a])
+                      for a, s, st, io in zip(axes, starts, steps, iotas))
+        return cls(x.shape, axes, starts, steps, out_shape, plans, tuple(x.block_shape[a] for a in axes))
+
+    def index_map(self, out_idx):
+        per_axis = []
+        for a, spans, k in zip(self.axes, self.plans, self.ks):
+            span = spans[out_idx[a]]
+            if span is None:
+                return []                                  # the tile is all padding: zeros, nothing read
+            first, last = span                             # positions past the last block repeat it (read once)
+            per_axis.append([min(first + j, last) for j in range(k)])
+        iota_idx = [tuple(out_idx[a] if b == a else 0 for b in range(len(self.shape))) for a in self.axes]
+        xs = []
+        for combo in itertools.product(*per_axis):
+            idx = list(out_idx)
+            for a, b in zip(self.axes, combo):
+                idx[a] = b
+            xs.append(tuple(idx))
+        return [tuple(xs) + tuple(iota_idx)]
+
+    def forward_block(self, *blocks):
+        xs, iotas = blocks[:self.n_x], blocks[self.n_x:]
+        cat = _assemble(list(xs), self.ks, self.axes)
+        for a, start, step, block, iota, n in zip(self.axes, self.starts, self.steps, self.blocks, iotas,
+                                                  (self.shape[a] for a in self.axes)):
+            rows = start + step * iota.reshape(-1)
+            valid = (rows >= 0) & (rows < n)
+            first = jnp.min(jnp.where(valid, rows, n)) // block
+            local = jnp.clip(rows - first * block, 0, cat.shape[a] - 1)
+            cat = jnp.take(cat, local, axis=a)
+            mask = valid.reshape([-1 if b == a else 1 for b in range(cat.ndim)])
+            cat = jnp.where(mask, cat, jnp.zeros((), cat.dtype))
+        return cat
+
+    def backward_block(self, d_out_block, *blocks):
+        xs, iotas = blocks[:self.n_x], blocks[self.n_x:]
+        _, vjp = jax.vjp(lambda *x: self.forward_block(*x, *iotas), *xs)
+        return tuple(vjp(d_out_block.astype(xs[0].dtype))) + tuple(jnp.zeros_like(i) for i in iotas)
+
+    def output_shape(self, *shapes):
+        return self.out_shape
+
+    def output_dtype(self, *dtypes):
+        return dtypes[0]
+
+
+def _assemble(blocks, ks, axes):
+    """The ``prod(ks)`` blocks (row-major over the moving axes) joined into one array."""
+    if not ks:
+        return blocks[0]
+    k, rest = ks[0], math.prod(ks[1:])
+    parts = [_assemble(blocks[j * rest:(j + 1) * rest], ks[1:], axes[1:]) for j in range(k)]
+    return parts[0] if k == 1 else jnp.concatenate(parts, axis=axes[0])
+
+
+_strided = make_op(Strided, name="strided")
+
+
+def _iota(m, axis, ndim):
+    return from_numpy(np.arange(m, dtype=np.int32).reshape([m if b == axis else 1 for b in range(ndim)]))
+
+
+def strided(x, starts, steps, out_shape, name="strided"):
+    """``out[r] = x[start + r * step]`` along each axis (identity axes: start 0, step 1, same size)."""
+    t = type_of(x)
+    out_shape = tuple(int(d) for d in out_shape)
+    moving = [a for a in range(t.ndim) if (starts[a], steps[a], out_shape[a]) != (0, 1, t.shape[a])]
+    if not moving:
+        return x
+    for a in moving:
+        if builtins_abs(steps[a]) > MAX_STEP:
+            raise NotImplementedError(f"{name}: step {steps[a]} along axis {a} (shape {t.shape}) would read every "
+                                      f"input tile {builtins_abs(steps[a]) + 1} times; steps up to {MAX_STEP} are "
+                                      "supported: take a contiguous slice, or jask.persist a coarser slice first")
+    kwargs = dict(axes=tuple(moving), starts=tuple(int(starts[a]) for a in moving),
+                  steps=tuple(int(steps[a]) for a in moving), out_shape=out_shape)
+    iotas = [_iota(out_shape[a], a, t.ndim) for a in moving]
+    n_x = math.prod(positions(kwargs["steps"][j]) for j in range(len(moving)))
+    return _strided(*([x] * n_x), *iotas, **kwargs)
+
+
+def positions(step):
+    """Input tiles an output tile can span along an axis with this step, whatever the tile edge."""
+    return builtins_abs(step) + 1
+
+
+builtins_abs = abs
+
+
+def _index_int(i, n, axis, shape):
+    if is_traced(i):
+        raise NotImplementedError(f"indexing a DiskArray of shape {shape} with a traced index along axis {axis} "
+                                  "is not supported; use Python ints (static under jit)")
+    i = operator.index(i)
+    if not -n <= i < n:
+        raise IndexError(f"index {i} is out of bounds for axis {axis} with size {n} (shape {shape})")
+    return i + n if i < 0 else i
+
+
+def _key_parts(key, shape):
+    """``key`` as per-input-axis ``(start, step, size, keep)`` plus the output shape (with ``None`` axes)."""
+    key = key if isinstance(key, tuple) else (key,)
+    for k in key:
+        if not (k is None or k is Ellipsis or isinstance(k, slice) or isinstance(k, (int, np.integer))
+                or is_traced(k) and np.shape(k) == ()):
+            raise NotImplementedError(
+                f"DiskArray indexing supports ints, slices, None and ...; got {type(k).__name__} for an array "
+                f"of shape {shape} (advanced indexing); for rows of a dataset use jask.batches, "
+                "for a mask use jask.numpy.where")
+    if sum(k is Ellipsis for k in key) > 1:
+        raise IndexError("an index can only have a single ellipsis ('...')")
+    used = sum(k is not None and k is not Ellipsis for k in key)
+    if used > len(shape):
+        raise IndexError(f"too many indices for an array of shape {shape}: {used} were indexed")
+    if Ellipsis not in key:
+        key = key + (Ellipsis,)
+    at = key.index(Ellipsis)
+    key = key[:at] + (slice(None),) * (len(shape) - used) + key[at + 1:]
+    parts, out_shape, axis = [], [], 0
+    for k in key:
+        if k is None:
+            out_shape.append(1)
+            continue
+        n = shape[axis]
+        if isinstance(k, slice):
+            for v in (k.start, k.stop, k.step):
+                if is_traced(v):
+                    raise NotImplementedError(f"slicing a DiskArray of shape {shape} with traced bounds is not "
+                                              "supported; use Python ints (static under jit)")
+            start, stop, step = k.indices(n)
+            size = len(range(start, stop, step))
+            if size == 0:
+                raise ValueError(f"the slice {k} of axis {axis} (size {n}, shape {shape}) is empty; "
+                                 "jask arrays cannot be empty")
+            parts.append((start, step, size, True))
+            out_shape.append(size)
+        else:
+            parts.append((_index_int(k, n, axis, shape), 1, 1, False))
+        axis += 1
+    return parts, tuple(out_shape)
+
+
+def getitem(x, key):
+    """``x[key]`` for basic indices (ints, slices with steps, ``None``, ``...``), tiled, with gradients."""
+    from jask.ops import shape as shp
+    t = type_of(x)
+    parts, out_shape = _key_parts(key, t.shape)
+    sliced = strided(x, [p[0] for p in parts], [p[1] for p in parts], [p[2] for p in parts], name="getitem")
+    if out_shape == ():
+        from jask.ops.reductions import sum as _sum
+        return _sum(sliced)                           # one element: a JAX scalar, as jnp gives a 0-d array
+    return shp.reshape(sliced, out_shape)
+
+
+def pad_axis(x, axis, before, after):
+    """``x`` with ``before``/``after`` zero rows added along ``axis`` (a strided view with a negative start)."""
+    t = type_of(x)
+    starts, steps, shape = [0] * t.ndim, [1] * t.ndim, list(t.shape)
+    starts[axis], shape[axis] = -before, t.shape[axis] + before + after
+    return strided(x, starts, steps, shape, name="pad")
+
+
+def _as_operand(name, x):
+    if is_disk_array(x):
+        return x
+    if is_traced(x):
+        raise NotImplementedError(f"{name}: a traced in-memory array of shape {np.shape(x)} cannot be joined "
+                                  "with DiskArrays yet; pass it as a DiskArray (jask.from_numpy outside jit)")
+    return from_numpy(np.asarray(x))
+
+
+def concatenate(arrays, axis=0, dtype=None):
+    """``jnp.concatenate``: pieces padded to their places and summed, in one fused pass (jnp promotion)."""
+    from jask.ops import elementwise as ew
+    arrays = list(arrays)
+    if not arrays:
+        raise ValueError("concatenate needs at least one array")
+    if not any(is_disk_array(a) for a in arrays):
+        return jnp.concatenate(arrays, axis=axis, dtype=dtype)
+    arrays = [_as_operand("concatenate", a) for a in arrays]
+    shapes = [type_of(a).shape for a in arrays]
+    ndim = len(shapes[0])
+    if axis is None:
+        raise NotImplementedError("concatenate(axis=None) flattens its inputs, which jask does not do for "
+                                  "arrays larger than one tile; reshape each to 1-D first")
+    if any(len(s) != ndim for s in shapes) or ndim == 0:
+        raise ValueError(f"concatenate needs arrays of one rank >= 1, got shapes {', '.join(map(str, shapes))}")
+    from jask.ops.reductions import normalize_axis
+    (axis,) = normalize_axis(axis, ndim, "concatenate")
+    if any(s[:axis] + s[axis + 1:] != shapes[0][:axis] + shapes[0][axis + 1:] for s in shapes):
+        raise ValueError(f"concatenate along axis {axis} needs equal sizes on the other axes, got shapes "
+                         f"{', '.join(map(str, shapes))}")
+    out_dtype = np.dtype(dtype) if dtype is not None else np.dtype(jnp.result_type(*[type_of(a).dtype
+                                                                                    for a in arrays]))
+    total, before, out = sum(s[axis] for s in shapes), 0, None
+    for a, s in zip(arrays, shapes):
+        piece = pad_axis(ew.astype(a, out_dtype) if type_of(a).dtype != out_dtype else a,
+                         axis, before, total - before - s[axis])
+        before += s[axis]
+        out = piece if out is None else ew.add(out, piece)
+    return out
+
+
+def stack(arrays, axis=0, dtype=None):
+    """``jnp.stack``: each array gets a new size-1 axis, then they are concatenated along it."""
+    from jask.ops import shape as shp
+    arrays = list(arrays)
+    if not any(is_disk_array(a) for a in arrays):
+        return jnp.stack(arrays, axis=axis, dtype=dtype)
+    arrays = [_as_operand("stack", a) for a in arrays]
+    shapes = {type_of(a).shape for a in arrays}
+    if len(shapes) != 1:
+        raise ValueError(f"stack needs arrays of one shape, got {', '.join(map(str, sorted(shapes)))}")
+    return concatenate([shp.expand_dims(a, axis) for a in arrays], axis=axis, dtype=dtype)

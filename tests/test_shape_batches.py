@@ -1,0 +1,100 @@
+"""Shape/indexing ops beyond the OPS table (errors named before any data is read, reads of slices),
+jask.nn.one_hot, in-memory operands on either side of ``@``, and jask.batches (bytes read, one compile)."""
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import jask
+import jask.numpy as knp
+
+
+def _arr(shape, seed=0):
+    return np.random.default_rng(seed).standard_normal(shape).astype(np.float32)
+
+
+def test_transpose_positional_axes_and_bad_axes_name_the_shape(small_tiles):
+    A = _arr((2, 3, 5))
+    c = jask.from_numpy(A)
+    np.testing.assert_array_equal(np.asarray(jask.transpose(c, (2, 0, 1))), np.transpose(A, (2, 0, 1)))
+    np.testing.assert_array_equal(np.asarray(c.transpose(1, 0, 2)), np.transpose(A, (1, 0, 2)))
+    with pytest.raises(ValueError, match=r"axes \(2, 0\) for an array of ndim 3"):
+        jask.transpose(c, (2, 0))
+
+
+def test_bad_indices_are_refused_before_reading(small_tiles):
+    a = jask.from_numpy(_arr((5, 7)))
+    with jask.profile() as p:
+        with pytest.raises(IndexError, match="index 5 is out of bounds for axis 0 with size 5"):
+            a[5]
+        with pytest.raises(IndexError, match="too many indices"):
+            a[1, 2, 3]
+        with pytest.raises(NotImplementedError, match="advanced indexing.*jask.batches"):
+            a[np.array([0, 2])]
+        with pytest.raises(ValueError, match="slice.*is empty"):
+            a[3:3]
+        with pytest.raises(ValueError, match=r"cannot reshape array of shape \(5, 7\)"):
+            a.reshape(6, 6)
+        with pytest.raises(ValueError, match=r"regroups axes of sizes \(5, 7\) into \(35,\).*tile edge here is 4"):
+            a.reshape(35)
+        with pytest.raises(ValueError, match="equal sizes on the other axes"):
+            knp.concatenate([a, a.T])
+        with pytest.raises(ValueError, match="not equal to one"):
+            knp.squeeze(a, 0)
+    assert p.bytes_read == 0
+
+
+def test_aligned_row_slice_reads_only_its_tiles(small_tiles):
+    A = _arr((16, 8))
+    a = jask.from_numpy(A)
+    with jask.profile() as p:
+        out = np.asarray(a[4:8])
+    np.testing.assert_array_equal(out, A[4:8])
+    assert p.bytes_read == 4 * 8 * 4 + 4 * 4   # one row of tiles (not 16 * 8 * 4) and the 4 output row numbers
+
+
+def test_one_hot_matches_jax(small_tiles):
+    labels = np.array([0, 3, 1, 2, 3, 0, 9], np.int32)     # 9 is out of range: an all-zero row, as in JAX
+    got = jask.nn.one_hot(jask.from_numpy(labels), 4)
+    want = jax.nn.one_hot(labels, 4)
+    assert got.dtype == want.dtype and got.shape == want.shape
+    np.testing.assert_array_equal(np.asarray(got), want)
+    np.testing.assert_array_equal(np.asarray(jask.nn.one_hot(jask.from_numpy(labels), 4, axis=0)),
+                                  jax.nn.one_hot(labels, 4, axis=0))
+
+
+def test_inmemory_operand_on_either_side_of_matmul(small_tiles):
+    X, W, V = _arr((6, 5)), _arr((5, 3), 1), _arr((2, 6), 2)
+    x = jask.from_numpy(X)
+    np.testing.assert_allclose(np.asarray(x @ W), X @ W, rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(np.asarray(V @ x), V @ X, rtol=1e-5, atol=1e-5)          # NumPy defers to us
+    np.testing.assert_allclose(np.asarray(jnp.asarray(V) @ x), V @ X, rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(np.asarray(knp.tensordot(x, W, axes=1)), X @ W, rtol=1e-5, atol=1e-5)
+    with pytest.raises(NotImplementedError, match="traced in-memory array of shape \\(5, 3\\)"):
+        jax.jit(lambda w: x @ w)(W)
+
+
+def test_batches_read_only_their_rows_and_compile_once(small_tiles):
+    X, y = _arr((20, 8)), np.arange(20, dtype=np.int32)
+    xs, ys = jask.from_numpy(X), jask.from_numpy(y)
+    traces = []
+
+    @jax.jit
+    def step(w, xb, yb):
+        traces.append(1)
+        return w - 0.1 * jax.grad(lambda w: jnp.mean((xb @ w - yb) ** 2))(w)
+
+    w = jnp.zeros(8)
+    with jask.profile() as p:
+        seen = []
+        for xb, yb in jask.batches(xs, ys, batch_size=6, shuffle=3):
+            assert xb.shape == (6, 8) and yb.shape == (6,)
+            np.testing.assert_array_equal(xb, X[yb[0]:yb[0] + 6])
+            seen.append(int(yb[0]))
+            w = step(w, xb, yb)
+    assert sorted(seen) == [0, 6, 12] and seen != [0, 6, 12]      # 3 full batches, order shuffled
+    assert len(traces) == 1
+    assert p.bytes_read == 3 * 6 * (8 * 4 + 4)                # exactly the batches' rows of X and y
+    orders = [[int(b[0]) for b in jask.batches(ys, batch_size=6, shuffle=3, epoch=e)] for e in range(3)]
+    assert len({tuple(o) for o in orders}) > 1
+    assert [int(b[-1]) for b in jask.batches(ys, batch_size=6, drop_last=False)] == [5, 11, 17, 19]
