@@ -63,11 +63,20 @@ def test_mismatched_dtypes_float32_float64(small_tiles):
         assert (a @ _arr((7, 3), dtype=np.float64)).dtype == np.float64    # the operator promotes, as jnp
 
 
-@pytest.mark.parametrize("dtype", [np.float64, np.int64])
-def test_64bit_dtype_refused_without_x64(dtype):
+@pytest.mark.parametrize("dtype", [np.float64, np.int64, np.uint64])
+def test_64bit_data_becomes_32bit_without_x64_as_in_jnp(dtype, tmp_path):
+    """from_numpy(np.random.rand(...)) works as jnp.asarray does; a 64-bit STORE is still refused
+    (reading it would silently change what the store holds: the message says how to proceed)."""
+    data = (np.random.default_rng(0).random((5, 7)) * 100).astype(dtype)
     with jax.enable_x64(False):
+        x = jask.from_numpy(data)
+        want = jnp.asarray(data)
+        assert x.dtype == want.dtype and np.dtype(x.dtype).itemsize == 4
+        np.testing.assert_array_equal(np.asarray(x), np.asarray(want))
+        import zarr
+        zarr.create_array(str(tmp_path / "wide.zarr"), data=data)
         with pytest.raises(TypeError, match="64-bit"):
-            jask.from_numpy(np.ones((5, 7), dtype))
+            jask.from_zarr(str(tmp_path / "wide.zarr"))
 
 
 @pytest.mark.parametrize("op", [jask.add, jask.sub, jask.mul, jask.dot])

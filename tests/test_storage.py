@@ -462,3 +462,22 @@ def test_copying_a_stored_array_uses_whole_tiles(tmp_path):
         a.to_zarr(str(tmp_path / "copy.zarr"))
     assert p.tiles == 1 and p.bytes_read == x.nbytes
     np.testing.assert_array_equal(np.asarray(jask.from_zarr(str(tmp_path / "copy.zarr"))), x)
+
+
+@pytest.mark.parametrize("how", ["copy", "deepcopy"])
+def test_copies_are_snapshots_that_write_nothing(tmp_path, how):
+    """copy.copy/copy.deepcopy (optax and user code call them) give an array of the same value,
+    writing nothing; an update_ of the original later leaves the copy at the old value."""
+    import copy
+    path = str(tmp_path / "w.zarr")
+    old, new = np.arange(12, dtype=np.float32).reshape(3, 4), np.ones((3, 4), np.float32)
+    jask.from_numpy(old).to_zarr(path)
+    w = jask.from_zarr(path, mode="r+")
+    with jask.profile() as p:
+        c = getattr(copy, how)(w)
+    assert isinstance(c, jask.DiskArray) and c is not w and p.bytes_written == 0
+    w.update_(jask.from_numpy(new))
+    np.testing.assert_array_equal(np.asarray(c), old)
+    np.testing.assert_array_equal(np.asarray(w), new)
+    lazy = getattr(copy, how)(w * 2.0)        # a lazy value copies as lazy
+    np.testing.assert_array_equal(np.asarray(lazy), new * 2)

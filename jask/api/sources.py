@@ -37,19 +37,26 @@ def from_numpy(arr, chunks=None) -> DiskArray:
     Parameters
     ----------
     arr : array_like
+        64-bit data is stored in 32 bits while JAX's x64 mode is off, as
+        ``jnp.asarray`` would convert it (chunk by chunk: no full copy).
     chunks : tuple of int, optional
         Zarr chunk shape; by default the tile shape the memory budget gives.
     """
     if isinstance(arr, DiskArray):
         raise TypeError("from_numpy got a DiskArray; it is already disk-backed")
     a = np.asarray(arr)
-    check_array_facts("from_numpy", a.shape, a.dtype)
+    if a.dtype.kind in SUPPORTED_KINDS and a.dtype.itemsize == 8 and not jax.config.jax_enable_x64:
+        # as jnp.asarray does: 64-bit data (np.random.rand's float64) becomes 32-bit while x64 is off
+        dtype = np.dtype(jax.dtypes.canonicalize_dtype(a.dtype))
+    else:
+        dtype = a.dtype
+    check_array_facts("from_numpy", a.shape, dtype)
     if chunks is None:
-        chunks = block_shape(a.shape, default_tile(a.shape, a.dtype.itemsize))
+        chunks = block_shape(a.shape, default_tile(a.shape, dtype.itemsize))
     chunks = tuple(int(c) for c in chunks)
     if len(chunks) != a.ndim or any(c < 1 for c in chunks):
         raise ValueError(f"from_numpy: chunks {chunks} do not fit an array of shape {a.shape}")
-    return DiskArray(node=store_numpy(a, chunks))
+    return DiskArray(node=store_numpy(a, chunks, dtype=dtype))
 
 
 def from_zarr(path_or_array, mode: str = "r") -> DiskArray:

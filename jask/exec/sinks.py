@@ -78,13 +78,14 @@ class MemorySink:
         pass
 
 
-def store_numpy(a: np.ndarray, chunks, tag: str = "input") -> StoredNode:
-    """Copy an in-memory array into a new scratch store, chunk by chunk."""
-    pending = PendingStore(scratch.new_path(tag), a.shape, a.dtype, chunks)
+def store_numpy(a: np.ndarray, chunks, tag: str = "input", dtype=None) -> StoredNode:
+    """Copy an in-memory array into a new scratch store, chunk by chunk (cast to ``dtype`` if given)."""
+    dtype = a.dtype if dtype is None else np.dtype(dtype)
+    pending = PendingStore(scratch.new_path(tag), a.shape, dtype, chunks)
     try:
         for idx in np.ndindex(*[-(-d // c) for d, c in zip(a.shape, chunks)]):
             reg = tuple(slice(i * c, min((i + 1) * c, d)) for i, c, d in zip(idx, chunks, a.shape))
-            pending.write(reg, a[reg])
+            pending.write(reg, a[reg].astype(dtype, copy=False))
     except BaseException:
         pending.abort()
         raise

@@ -173,6 +173,18 @@ class DiskArray:
     def __reduce__(self):
         raise TypeError("DiskArrays cannot be pickled; save with to_zarr and reopen with jask.from_zarr")
 
+    def __copy__(self) -> DiskArray:
+        """Another array with this value, sharing its storage (as copying a jax.Array is cheap).
+
+        Values are immutable and ``update_`` rebinds only its target (readers of
+        the old value keep it), so the copy keeps today's value whatever happens
+        to this array later: a snapshot, without writing anything.
+        """
+        return DiskArray(self._node, aval=self._aval, handle=self._handle)
+
+    def __deepcopy__(self, memo) -> DiskArray:
+        return self.__copy__()
+
 
 compat.register_hitype(DiskArray, lambda x: x._aval)
 # Operators, methods (``x + y``, ``x.sum()``, ``np.asarray(x)``) and the tangent sum ``vspace_add`` are ops
