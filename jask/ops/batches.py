@@ -19,7 +19,7 @@ import numpy as np
 
 from jask.hijax.array import DiskArray
 from jask.graph.nodes import StoredNode
-from jask.exec.events import count
+from jask.exec.events import count as count_events
 from jask.io.reader import Prefetcher, reader_for
 
 
@@ -67,7 +67,7 @@ def _iterate(stores, order, batch_size, n, single):
         for k, store in enumerate(stores):
             reg = (slice(b * batch_size, min((b + 1) * batch_size, n)),) + tuple(slice(0, d) for d in store.shape[1:])
             requests.append(((b, k), _reader(store, reg)))
-    with Prefetcher(requests, depth=2 * len(stores), count=count) as stream:
+    with Prefetcher(requests, depth=2 * len(stores), count=count_events) as stream:
         while True:
             got = [value for _, value in _take(stream, len(stores))]
             if not got:
