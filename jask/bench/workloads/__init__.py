@@ -28,7 +28,7 @@ from __future__ import annotations
 
 import importlib
 
-NAMES = ("sum", "elementwise", "dot", "grad", "adam")
+NAMES = ("sum", "elementwise", "dot", "grad", "adam", "mlp")
 COLS = 16384  # columns of the 2-D arrays whose size is given in GiB
 
 
