@@ -13,10 +13,6 @@ before any tile is read.
   (Mosaic) or GPU (Triton) (:mod:`jask.kernels.pallas_window`); a window a
   platform cannot run raises ``WindowNotLegal`` and runs as the xla program.
 
-The older per-tile seam (``compile``/``output_tile``, one call per output tile)
-is no longer used by the executor; it stays for ``python -m jask.bench.kernels
---path=kernel`` (the side-by-side baseline) and the gate's ``--legacy`` cases.
-
 * ``pallas-interpret``: the same Pallas programs in interpret mode, on CPU. It
   proves every program in CI and is far too slow for real work.
 
@@ -64,17 +60,3 @@ def get_backend(name: str | None = None):
         raise NotImplementedError(
             f"backend {name!r} is not available in this build; available: {sorted(_BACKENDS)}")
     return _BACKENDS[name]
-
-
-def tile_jaxpr(op, *blocks, backend: str | None = None):
-    """The jaxpr of ``op``'s per-tile program on a backend, for one entry of input ``blocks``.
-
-    Under ``pallas``/``pallas-interpret`` it holds a ``pallas_call``; under
-    ``xla`` it is the jitted ``forward_block``.
-    """
-    import jax
-    b = get_backend(backend)
-    kernel = b.compile(op)
-    if isinstance(b, PallasBackend):
-        return kernel.jaxpr(*blocks)
-    return jax.make_jaxpr(kernel.first)(*blocks)

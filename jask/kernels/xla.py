@@ -1,4 +1,4 @@
-"""The ``xla`` backend: one jitted program per window (and the older per-tile step, for the kernel bench)."""
+"""The ``xla`` backend: one jitted program per window."""
 from __future__ import annotations
 
 import jax
@@ -14,43 +14,16 @@ def _widen(x):
     return x if wide == x.dtype else x.astype(wide)
 
 
-class TileKernel:
-    """Compiled per-tile functions of one op instance: the first partial, and partial-plus-fold."""
-
-    def __init__(self, op):
-        self.op = op
-        self.first = jax.jit(lambda *blocks: _widen(op.forward_block(*blocks)))
-        self.step = jax.jit(lambda acc, *blocks: op.combine(acc, _widen(op.forward_block(*blocks))))
-
-
 class XlaBackend:
-    """Runs ``forward_block`` per entry and folds partials with ``combine``, fused in one call.
-
-    Only the accumulator and one entry's blocks are alive at a time: JAX
-    dispatches asynchronously, so before starting entry k+1 we wait for the
-    accumulator of entry k-1, keeping at most two entries in flight.
-    """
+    """Runs ``forward_block`` per entry and folds partials with ``combine``, in one jitted program per window."""
 
     name = "xla"
-
-    def compile(self, op) -> TileKernel:
-        return TileKernel(op)
 
     def check_settings(self, label: str = "jask") -> None:
         """Every setting works on XLA."""
 
     def compile_window(self, op, spec):
         return compile_window(op, spec)
-
-    def output_tile(self, kernel: TileKernel, entries, fetch, out_dtype, kernel_of=None):
-        acc = previous = None
-        for entry in entries:
-            if previous is not None:
-                previous.block_until_ready()
-            blocks = fetch(entry)
-            k = kernel if kernel_of is None else kernel_of(entry)
-            previous, acc = acc, (k.first(*blocks) if acc is None else k.step(acc, *blocks))
-        return None if acc is None else jnp.asarray(acc).astype(out_dtype)
 
 
 def compile_window(op, spec):
