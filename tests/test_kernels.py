@@ -17,6 +17,7 @@ from jask import kernels
 from jask.graph.op import BlockParallelOp
 from jask.hijax.make_op import make_op
 from jask.kernels import pallas as P
+from jask.kernels import xla
 from jask.kernels.window import WindowSpec
 from jask.linalg.add import Add
 from jask.linalg.mul import ScalarMul
@@ -65,6 +66,41 @@ def test_auto_picks_xla_on_cpu_never_interpret():
 def test_every_backend_is_registered():
     for name in ("xla", "pallas", "pallas-interpret"):
         assert kernels.get_backend(name).name == name
+
+
+class FakeBackend:
+    """The smallest backend: the xla window program under another name, counting its compiles."""
+
+    name = "fake"
+    interpret = False
+
+    def __init__(self):
+        self.compiled = 0
+
+    def check_settings(self, label="jask"):
+        pass
+
+    def compile_window(self, op, spec):
+        self.compiled += 1
+        return xla.compile_window(op, spec)
+
+
+def test_a_registered_backend_is_selectable_and_listed(small_tiles):
+    fake = kernels.register(FakeBackend())
+    try:
+        assert "fake" in kernels.names()
+        with pytest.raises(NotImplementedError, match="available: .*'fake'"):
+            kernels.get_backend("cuda-magic")
+        with pytest.raises(ValueError, match="unknown backend .*'fake'"):
+            jask.config.update("backend", "cuda-magic")
+        jask.config.update("backend", "fake")
+        assert kernels.get_backend() is fake
+        A = _rand((9, 6))
+        np.testing.assert_allclose(np.asarray(jask.from_numpy(A) + jask.from_numpy(A)), 2 * A, rtol=RTOL)
+        assert fake.compiled > 0
+    finally:
+        kernels.unregister("fake")
+    assert "fake" not in kernels.names()
 
 
 def test_env_variable_selects_backend():

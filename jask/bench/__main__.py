@@ -34,6 +34,7 @@ import time
 
 from absl import app, flags
 
+from jask import kernels
 from jask.bench import harness, peers, workloads
 
 FLAGS = flags.FLAGS
@@ -43,7 +44,7 @@ flags.DEFINE_list("gib", [], "Array sizes in GiB (the main array of each workloa
 flags.DEFINE_list("n", [], "Matrix sizes for dot (default 4096,8192); overrides --gib for dot.")
 flags.DEFINE_string("budget", "256MB", "jask memory budget (and Cubed's allowed_mem).")
 flags.DEFINE_integer("tile", 0, "Tile edge = store chunk edge (0: the edge jask derives from the budget).")
-flags.DEFINE_enum("backend", "auto", ["auto", "xla", "pallas", "pallas-interpret"], "jask tile backend.")
+flags.DEFINE_enum("backend", "auto", ["auto", *kernels.names()], "jask tile backend.")
 flags.DEFINE_integer("repeat", 3, "Timed repetitions per system (median, min and max are reported).")
 flags.DEFINE_integer("warmup", 1, "Untimed warm-up repetitions (0 or 1; compiles jitted code).")
 flags.DEFINE_list("peers", ["all"], "Peers to run besides jask: all, or some of " + ", ".join(peers.SYSTEMS[1:]))

@@ -27,13 +27,14 @@ import jax.numpy as jnp
 import numpy as np
 from absl import app, flags
 
+from jask import kernels
 from jask.graph.op import TiledInput
 
 FLAGS = flags.FLAGS
 flags.DEFINE_list("op", ["dot"], "ops to time: " + "dot, add, sub, mul, square, sum, transpose")
 flags.DEFINE_integer("n", 4096, "arrays are n x n")
 flags.DEFINE_integer("block", 512, "tile edge (blocks are block x block)")
-flags.DEFINE_enum("backend", "xla", ["auto", "xla", "pallas", "pallas-interpret"], "jask backend")
+flags.DEFINE_enum("backend", "xla", ["auto", *kernels.names()], "jask backend")
 flags.DEFINE_integer("repeat", 5, "timed repetitions (after one warm-up)")
 flags.DEFINE_enum("dtype", "float32", ["float32", "bfloat16", "float16"], "element dtype")
 flags.DEFINE_enum("blocks_from", "jax", ["jax", "numpy"],
@@ -104,7 +105,6 @@ def run_window_path(case: Case, inputs, block: int, backend_name: str, separate_
     of one shape). With ``separate_tiles`` the blocks are separate arguments of
     the xla program the executor runs (``xla.compile_window_tiles``).
     """
-    from jask import kernels
     from jask.kernels.window import WindowSpec
     for x in inputs:
         if any(d % block for d in x.shape):

@@ -15,15 +15,10 @@ import jax.numpy as jnp
 
 from jask.kernels import legality
 from jask.kernels.pallas_window import window_program
+from jask.kernels.registry import current_platform, register, settings
 
 
 # ---------------------------------------------------------------- platform facts
-
-def current_platform() -> str:
-    """``tpu``, ``gpu`` or ``cpu``: where ``pallas`` (non-interpret) would compile."""
-    p = jax.default_backend()
-    return "gpu" if p in ("gpu", "cuda", "rocm") else p
-
 
 def _pow2(n: int) -> bool:
     return n >= 1 and n & (n - 1) == 0
@@ -85,7 +80,7 @@ class PallasBackend:
 
     def __init__(self, interpret: bool):
         self.interpret = interpret
-        self.name = "pallas-interpret" if interpret else "pallas"
+        self.name = "pallas-interpret" if interpret else "pallas"   # the interpret twin runs on CPU, for CI
 
     def platform(self) -> str:
         if self.interpret:
@@ -100,9 +95,9 @@ class PallasBackend:
 
     def check_settings(self, label: str = "jask") -> None:
         """Refuse, before any tile is read, settings this backend cannot honour here (``label``: the ops)."""
-        from jask.config import config
-        if self.platform() == "gpu" and config.tile is not None and not _pow2(config.tile):
-            raise ValueError(f"{label}: tile {config.tile} set with jask.config.update('tile', ...) "
+        tile = settings().tile
+        if self.platform() == "gpu" and tile is not None and not _pow2(tile):
+            raise ValueError(f"{label}: tile {tile} set with jask.config.update('tile', ...) "
                              "is illegal for Pallas on GPU (Triton needs power-of-two blocks); "
                              "choose a power of two")
 
@@ -128,3 +123,9 @@ class PallasBackend:
         see :func:`jask.kernels.legality.max_tile_edge`.
         """
         return legality.max_tile_edge("interpret" if self.interpret else self.target(), dtypes, n_leaves)
+
+
+# ``auto`` picks Pallas on a TPU only: on GPU, xla measured as fast or faster (see xla.py); interpret
+# mode is never picked (far too slow for real work).
+register(PallasBackend(interpret=False), auto_for=("tpu",))
+register(PallasBackend(interpret=True))
