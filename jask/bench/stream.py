@@ -33,7 +33,7 @@ import time
 import numpy as np
 from absl import flags
 
-from jask.bench import harness
+from jask.bench import data, harness
 
 FLAGS = flags.FLAGS
 flags.DEFINE_enum("op", "sum", ["sum", "add", "dot", "readers"], "What to measure (dot: sum(x @ x), a "
@@ -110,7 +110,7 @@ def raw_read(paths, bufsize=16 * 2**20):
     """Sequential readinto of every data file of the stores; returns (seconds, bytes)."""
     files = [f for p in paths for f in data_files(p)]
     t0 = time.perf_counter()
-    total = harness.raw_read(files, bufsize)
+    total = data.raw_read(files, bufsize)
     return time.perf_counter() - t0, total
 
 
