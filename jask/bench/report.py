@@ -96,10 +96,10 @@ def targets(results, budget) -> list[dict]:
     return out
 
 
-def markdown(suite) -> str:
-    meta, results = suite.meta, suite.results
+def _header(meta) -> list[str]:
+    """The report's opening lines: command, machine, data, software, how runs were timed and cached."""
     v = meta["versions"]
-    lines = ["# jask benchmark results", "",
+    return ["# jask benchmark results", "",
              f"- command: `{meta['command']}`",
              f"- machine: {meta['cpu']}, {meta['cores']} cores, {meta['mem_total']} RAM; {meta['platform']}",
              f"- data: {meta.get('data_dir')} ({meta.get('data_fs') or '?'}), layout {meta.get('layout')}, "
@@ -118,6 +118,11 @@ def markdown(suite) -> str:
              "written are bytes through system calls per run (page-cache hits included)",
              "- cache: cold = every input and output file dropped from the page cache "
              "(os.sync + posix_fadvise DONTNEED) before each run; warm = read once before each run", ""]
+
+
+def markdown(suite) -> str:
+    meta, results = suite.meta, suite.results
+    lines = _header(meta)
     shas = sorted({e["jask_source_sha1"] for e in results if e.get("jask_source_sha1")})
     if len(shas) > 1:
         lines[-1:-1] = [f"- **warning**: jask's sources changed during the run (source sha1s seen: {', '.join(shas)}); "
