@@ -11,13 +11,13 @@ import os
 import re
 
 from jask.io import scratch
+from jask.kernels import registry
 
 _UNITS = {
     "": 1, "b": 1,
     "kb": 10**3, "mb": 10**6, "gb": 10**9, "tb": 10**12,
     "kib": 2**10, "mib": 2**20, "gib": 2**30, "tib": 2**40,
 }
-BACKENDS = ("auto", "xla", "pallas", "pallas-interpret")
 PRECISIONS = ("highest", "high", "default", "float32", "tensorfloat32", "bfloat16")
 
 
@@ -57,6 +57,7 @@ class Config:
 
 config = Config()
 scratch.use_settings(config)   # the io layer reads its settings from here, never imports this module
+registry.use_settings(config)  # so does the kernels layer
 
 
 def update(name: str, value) -> None:
@@ -72,8 +73,8 @@ def update(name: str, value) -> None:
             raise TypeError(f"device must be a jax.Device (e.g. jax.devices()[0]) or None, got {value!r}")
     elif name == "precision" and value not in PRECISIONS:
         raise ValueError(f"unknown matmul precision {value!r}; choose one of {PRECISIONS}")
-    elif name == "backend" and value not in BACKENDS:
-        raise ValueError(f"unknown backend {value!r}; choose one of {BACKENDS}")
+    elif name == "backend" and value != "auto" and value not in registry.names():
+        raise ValueError(f"unknown backend {value!r}; choose one of {('auto', *registry.names())}")
     elif name == "tile" and value is not None:
         if isinstance(value, bool) or not isinstance(value, int) or value < 1:
             raise ValueError(f"tile must be a positive int or None, got {value!r}")

@@ -10,7 +10,8 @@ import zarr
 
 import jask
 from jask.io import dtypes
-from jask.io.reader import Prefetcher, TileKey, reader_for
+from jask.io.prefetch import Prefetcher
+from jask.io.reader import TileKey, reader_for
 
 BF16 = np.dtype(ml_dtypes.bfloat16)
 

@@ -293,11 +293,12 @@ def test_producer_used_twice_in_one_entry_is_computed_and_read_once(small_tiles)
     np.testing.assert_allclose(float(out), float(np.sum((A - B) ** 2)), rtol=1e-4)
 
 
-def test_fused_kernel_is_one_pallas_call_holding_the_chain(small_tiles):
-    """On Pallas the fused chain is one ``pallas_call`` whose body runs every op of the chain."""
+def test_fused_window_is_one_pallas_call_holding_the_chain(small_tiles):
+    """On Pallas a fused chain's window program is one ``pallas_call`` whose body runs every op of the chain."""
     from jask import kernels
     from jask.exec import driver
-    from jask.plan.fusion import entries_of, entry_program, fused_kernel
+    from jask.kernels.window import WindowSpec
+    from jask.plan.fusion import FusedTileOp, entries_of, entry_program
     jask.config.update("backend", "pallas-interpret")
     (A, B), (a, b) = _data((9, 6), (9, 6))
     out = (a - b) * a + b
@@ -306,9 +307,14 @@ def test_fused_kernel_is_one_pallas_call_holding_the_chain(small_tiles):
     program = entry_program(p, root, entries_of(p.prepared[id(root)], root, (0, 0))[0])
     assert [type(op).__name__ for op, *_ in program.steps] == ["Sub", "MulArrays"]
     assert [leaf.node.shape for leaf in program.leaves] == [(9, 6), (9, 6)]
-    kernel = fused_kernel(program, kernels.get_backend())
-    jaxpr = str(kernel.jaxpr(A[:4, :4], B[:4, :4]))
-    assert jaxpr.count("pallas_call") == 1 and "sub" in jaxpr and "mul" in jaxpr and "add" in jaxpr
+    spec = WindowSpec(((4, 4), (4, 4)), (np.dtype(np.float32),) * 2, (1, 1), 1, 1, (4, 4), True)
+    run = kernels.get_backend().compile_window(FusedTileOp(program), spec)
+    jaxpr = str(jax.make_jaxpr(run)([A[None, :4, :4], B[None, :4, :4]], np.zeros((1, 1, 2), np.int32),
+                                    np.ones((1, 1), bool)))
+    assert jaxpr.count("pallas_call[") == 1 and "sub" in jaxpr and "mul" in jaxpr and "add" in jaxpr
+    np.testing.assert_allclose(np.asarray(run([A[None, :4, :4], B[None, :4, :4]], np.zeros((1, 1, 2), np.int32),
+                                              np.ones((1, 1), bool)))[0],
+                               ((A - B) * A + B)[:4, :4], rtol=1e-6)
 
 
 def test_a_long_rebinding_loop_is_cut_into_stages():

@@ -155,7 +155,7 @@ def test_mixed_jask_and_jnp_loss(small_tiles):
 
 
 def test_mixed_loss_jnp_scalar_flows_into_jask(small_tiles):
-    """A jnp value computed in the traced program scales a DiskArray (traced HiScalarMul operand)."""
+    """A jnp value computed in the traced program scales a DiskArray (a traced scalar operand of ScalarMul)."""
     A = _rand((5, 7), 4)
     Wv = _rand((3,), 5)
 

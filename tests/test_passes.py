@@ -102,15 +102,15 @@ def test_missing_chunk_names_the_array(tmp_path, small_tiles):
 
 def test_reads_are_double_buffered(small_tiles, monkeypatch):
     """Reads run at most one window ahead: the prefetcher holds at most a window's tiles."""
-    from jask.io import reader
+    from jask.io import prefetch
     held = []
-    real = reader.Prefetcher.__exit__
+    real = prefetch.Prefetcher.__exit__
 
     def spy(self, *exc):
         held.append((self.max_held, self.depth))
         return real(self, *exc)
 
-    monkeypatch.setattr(reader.Prefetcher, "__exit__", spy)
+    monkeypatch.setattr(prefetch.Prefetcher, "__exit__", spy)
     a = jask.from_numpy(_arr((16, 16)))
     jask.set_memory_budget(4 * 4 * 4 * 4 * 6)   # a few 4x4 tiles per window
     with jask.profile() as p:

@@ -29,7 +29,7 @@ import zarr
 
 import jask
 from jask.config import config
-from jask.io import faults, scratch, store
+from jask.io import faults, pins, recovery, scratch, store
 from jask.io.reader import CorruptChunkError, MissingChunkError
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -456,7 +456,7 @@ def test_open_array_keeps_its_version_and_folder_when_replaced_from_outside(smal
     np.testing.assert_array_equal(np.asarray(x), 1.0)
     np.testing.assert_array_equal(np.asarray(jask.from_zarr(p)), 2.0)
     assert aside.exists(), "a folder still being read was deleted"
-    assert not store._drop_retired(str(aside))
+    assert not pins.drop_retired(str(aside))
     del x
     gc.collect()
     assert not aside.exists(), "the last reader of a replaced folder should delete it"
@@ -470,11 +470,11 @@ def test_open_waits_for_a_live_process_mid_swap(small_tiles, tmp_path, monkeypat
     jask.from_numpy(np.full((8, 8), 3.0, np.float32)).to_zarr(p)
     ready = tmp_path / f".x.zarr.jask-new-{os.getppid()}-abcdef"
     os.rename(p, ready)
-    monkeypatch.setattr(store, "SWAP_WAIT_SECONDS", 0.3)
+    monkeypatch.setattr(recovery, "SWAP_WAIT_SECONDS", 0.3)
     t0 = time.monotonic()
     with pytest.raises(FileNotFoundError):
         jask.from_zarr(p)
     assert time.monotonic() - t0 >= 0.3 and ready.exists(), "another live process's swap was taken over"
-    monkeypatch.setattr(store, "SWAP_WAIT_SECONDS", 10.0)
+    monkeypatch.setattr(recovery, "SWAP_WAIT_SECONDS", 10.0)
     threading.Timer(0.2, os.rename, (ready, p)).start()    # the other process finishes its swap
     np.testing.assert_array_equal(np.asarray(jask.from_zarr(p)), 3.0)

@@ -12,7 +12,7 @@ import zarr
 import jask
 from jask.config import config
 from jask.io import scratch
-from jask.io.store import recover
+from jask.io.recovery import recover
 
 
 def _rand(shape, seed=0, dtype=np.float32):

@@ -12,8 +12,8 @@ import pytest
 import zarr
 
 import jask
-from jask.io.reader import (BufferPool, MissingChunkError, Prefetcher, TileKey, TileReadError, TileReader,
-                            aligned_empty)
+from jask.io.prefetch import Prefetcher
+from jask.io.reader import (BufferPool, MissingChunkError, TileKey, TileReadError, TileReader, aligned_empty)
 from jask.io.store import PendingStore, open_existing
 from jask.io.writer import ShardWriter, TileWriteError, WriteBehind
 from jask.api.observe import profile

@@ -14,6 +14,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from jax.experimental import pallas as pl
 
 from jask import kernels
 from jask.plan.fusion import LEAF, STEP, EntryProgram, FusedTileOp
@@ -200,9 +201,19 @@ def test_gate_covers_the_ops_table():
     assert not missing
 
 
+def _whole_tile_add(target):
+    """A ``pallas_call`` adding two 1024x1024 float32 tiles as whole blocks, which no window program emits."""
+    def add(a, b):
+        def kernel(x, y, o):
+            o[...] = x[...] + y[...]
+        return pl.pallas_call(kernel, out_shape=jax.ShapeDtypeStruct(a.shape, a.dtype))(a, b)
+    x = jax.ShapeDtypeStruct((1024, 1024), np.float32)
+    return add, (x, x)
+
+
 def test_gate_reports_an_illegal_block_as_a_failure():
-    """Today's whole-tile block of a 1024x1024 float32 add does not fit Mosaic GPU's shared memory."""
-    case = lowering.legacy_cases((1024,), ("float32",))[0]
+    """A whole-tile block of a 1024x1024 float32 add does not fit Mosaic GPU's shared memory."""
+    case = lowering.Case("whole_tile_add", 1024, "float32", "blocks=[(1024, 1024)] * 2 whole tile", _whole_tile_add)
     r = lowering.check(case, "cuda")
     assert r.status == "FAIL" and "shared memory" in r.message
 

@@ -5,8 +5,8 @@
 The jask side drives the kernel layer as the executor does -- the whole output
 as one window program over stacked blocks, the entries from ``index_map`` --
 but takes blocks from in-memory arrays instead of Zarr, so the figure is the
-kernel layer's cost alone (``--path=kernel`` times the older per-tile seam,
-one call per output tile; ``--path=jask`` the whole pipeline from Zarr stores). Prints per-op median and best wall time,
+kernel layer's cost alone (``--path=jask`` times the whole pipeline from Zarr
+stores). Prints per-op median and best wall time,
 GFLOP/s (dot) or GB/s (the rest), the ratio to ``jax.jit`` of the same jnp
 expression timed in the same run, and the same ratio in process CPU seconds
 (steadier when other work shares the machine).
@@ -27,23 +27,23 @@ import jax.numpy as jnp
 import numpy as np
 from absl import app, flags
 
+from jask import kernels
 from jask.graph.op import TiledInput
 
 FLAGS = flags.FLAGS
 flags.DEFINE_list("op", ["dot"], "ops to time: " + "dot, add, sub, mul, square, sum, transpose")
 flags.DEFINE_integer("n", 4096, "arrays are n x n")
 flags.DEFINE_integer("block", 512, "tile edge (blocks are block x block)")
-flags.DEFINE_enum("backend", "xla", ["auto", "xla", "pallas", "pallas-interpret"], "jask backend")
+flags.DEFINE_enum("backend", "xla", ["auto", *kernels.names()], "jask backend")
 flags.DEFINE_integer("repeat", 5, "timed repetitions (after one warm-up)")
 flags.DEFINE_enum("dtype", "float32", ["float32", "bfloat16", "float16"], "element dtype")
 flags.DEFINE_enum("blocks_from", "jax", ["jax", "numpy"],
-                  "kernel path: slice blocks from the jax arrays jnp gets (the same in-memory data), "
+                  "window and tiles paths: slice blocks from the jax arrays jnp gets (the same in-memory data), "
                   "or from NumPy arrays, which adds a host copy per block as Zarr reads do")
-flags.DEFINE_enum("path", "window", ["window", "tiles", "kernel", "jask"],
+flags.DEFINE_enum("path", "window", ["window", "tiles", "jask"],
                   "window: the whole array as one window program over stacked blocks (the Pallas "
                   "executor's form, one kernel call); tiles: the xla executor's form, the blocks as "
-                  "separate arguments of one program (--backend=xla); kernel: the older per-tile seam "
-                  "(backend.output_tile, one call per output tile); jask: the full pipeline from Zarr stores")
+                  "separate arguments of one program (--backend=xla); jask: the full pipeline from Zarr stores")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -79,49 +79,6 @@ def _cases():
     }
 
 
-def _regions(idx, shape, block):
-    return tuple(slice(i * b, min((i + 1) * b, d)) for i, b, d in zip(idx, block, shape))
-
-
-def _cut(x, reg):
-    """One block of ``x``: a NumPy view, or for a jax array one ``lax.slice`` (not jnp's indexing machinery)."""
-    if isinstance(x, np.ndarray):
-        return x[reg]
-    return jax.lax.slice(x, [r.start for r in reg], [r.stop for r in reg])
-
-
-def run_kernel_path(case: Case, inputs, block: int, backend_name: str):
-    """Every output tile through ``backend.output_tile``; returns a function computing the whole output."""
-    from jask import kernels
-    tiled = [TiledInput(x.shape, x.dtype, tuple(min(block, d) for d in x.shape)) for x in inputs]
-    op = case.make_op(*tiled)
-    backend = kernels.get_backend(backend_name)
-    kernel = backend.compile(op)
-    out_shape = tuple(op.output_shape(*[x.shape for x in inputs]))
-    out_dtype = np.dtype(op.output_dtype(*[x.dtype for x in inputs]))
-    out_block = tuple(min(block, d) for d in out_shape)
-    out_grid = tuple(math.ceil(d / b) for d, b in zip(out_shape, out_block))
-
-    def fetch(entry):
-        return [_cut(x, _regions(b, x.shape, t.block_shape)) for x, b, t in zip(inputs, entry, tiled)]
-
-    def compute():
-        """Every output tile, finished one after another as the executor's sink takes them.
-
-        Tiles stay where the backend put them: copying them into one array is the sink's job.
-        """
-        return [(idx, jax.block_until_ready(backend.output_tile(kernel, op.index_map(idx), fetch, out_dtype)))
-                for idx in itertools.product(*map(range, out_grid))]
-
-    def assemble(tiles):
-        out = np.empty(out_shape, out_dtype)
-        for idx, tile in tiles:
-            out[_regions(idx, out_shape, out_block)] = np.asarray(tile)
-        return out
-
-    return compute, assemble
-
-
 def _stack_blocks(x, block):
     """A 2-D array (or vector) cut into its blocks, row-major, stacked: ``(n_blocks, *block)``."""
     if x.ndim == 1:
@@ -148,7 +105,6 @@ def run_window_path(case: Case, inputs, block: int, backend_name: str, separate_
     of one shape). With ``separate_tiles`` the blocks are separate arguments of
     the xla program the executor runs (``xla.compile_window_tiles``).
     """
-    from jask import kernels
     from jask.kernels.window import WindowSpec
     for x in inputs:
         if any(d % block for d in x.shape):
@@ -230,7 +186,7 @@ def _time_interleaved(fns, repeat):
     return times
 
 
-def bench_op(name: str, n: int, block: int, backend: str, repeat: int, dtype: str, path: str = "kernel",
+def bench_op(name: str, n: int, block: int, backend: str, repeat: int, dtype: str, path: str = "window",
              blocks_from: str = "jax") -> dict:
     """Time one op; returns the figures printed by ``main``."""
     case = _cases()[name]
@@ -247,7 +203,7 @@ def bench_op(name: str, n: int, block: int, backend: str, repeat: int, dtype: st
             return case.ref(*xs)
 
     ref = jax.jit(ref_fn)
-    runner = {"window": run_window_path, "kernel": run_kernel_path, "jask": run_jask_path,
+    runner = {"window": run_window_path, "jask": run_jask_path,
               "tiles": functools.partial(run_window_path, separate_tiles=True)}[path]
     data = ref_inputs if (path != "jask" and blocks_from == "jax") else inputs
     compute, assemble = runner(case, data, block, backend)

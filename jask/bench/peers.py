@@ -26,7 +26,7 @@ import shutil
 
 import numpy as np
 
-from jask.bench import harness
+from jask.bench import data, harness
 
 # Display order of systems in tables and plots; ``limit`` systems are physical bounds, not peers.
 SYSTEMS = ("jask", "dask", "dask-manual", "cubed", "jnp", "naive-loop", "raw-io", "memcpy")
@@ -73,7 +73,7 @@ class Runner:
         raise NotImplementedError
 
     def check(self) -> dict | None:
-        """Numbers that must agree with every other system's (see :func:`harness.agree`)."""
+        """Numbers that must agree with every other system's (see :func:`data.agree`)."""
         return None
 
     def cache_paths(self) -> list[str]:
@@ -101,7 +101,7 @@ class StoreCheck:
     """Mixin for workloads whose result is a Zarr array: summarize it so systems can be compared."""
 
     def check(self):
-        return {"out": harness.summarize_store(self.out_path())}
+        return {"out": data.summarize_store(self.out_path())}
 
 
 class JaskRunner(Runner):
@@ -169,7 +169,7 @@ class DaskRunner(Runner):
 
     def store(self, arrays, paths):
         """Compute ``arrays`` in one pass into new uncompressed stores chunked like the inputs."""
-        targets = [harness.create_store(p, a.shape, self.chunks_of(a.shape), a.dtype) for a, p in zip(arrays, paths)]
+        targets = [data.create_store(p, a.shape, self.chunks_of(a.shape), a.dtype) for a, p in zip(arrays, paths)]
         self.da.store(list(arrays), targets, lock=False)
 
 
@@ -192,7 +192,7 @@ class CubedRunner(Runner):
         return self.cubed.from_zarr(self.paths[name], spec=self.spec)
 
     def store(self, arrays, paths):
-        targets = [harness.create_store(p, a.shape, self.chunks_of(a.shape), a.dtype) for a, p in zip(arrays, paths)]
+        targets = [data.create_store(p, a.shape, self.chunks_of(a.shape), a.dtype) for a, p in zip(arrays, paths)]
         self.cubed.store(list(arrays), targets)
 
 
@@ -208,7 +208,7 @@ class JnpRunner(Runner):
         jnp.zeros(1).block_until_ready()
 
     def load(self, name):
-        arr = harness.read_store(self.paths[name])
+        arr = data.read_store(self.paths[name])
         out = self.jnp.asarray(arr)
         del arr
         return out.block_until_ready()
@@ -250,10 +250,10 @@ class RawIORunner(Runner):
     write_bytes = 0
 
     def run(self):
-        files = [f for name in (self.inputs or tuple(self.paths)) for f in harness.data_files(self.paths[name])]
-        harness.raw_read(files)
+        files = [f for name in (self.inputs or tuple(self.paths)) for f in data.data_files(self.paths[name])]
+        data.raw_read(files)
         if self.write_bytes:
-            harness.raw_write(self.out_path("raw-out.bin"), self.write_bytes)
+            data.raw_write(self.out_path("raw-out.bin"), self.write_bytes)
 
     def cleanup(self):
         path = self.out_path("raw-out.bin")

@@ -20,7 +20,7 @@ is what the memory budget bounds.
 ``--op=readers`` compares the ways of reading tiles side by side: direct
 ``preadv`` of uncompressed chunks (:class:`jask.io.reader.TileReader`),
 zarr-python into a preallocated buffer and allocating, each with and without
-the :class:`jask.io.reader.Prefetcher`, and TensorStore when it is installed.
+the :class:`jask.io.prefetch.Prefetcher`, and TensorStore when it is installed.
 """
 from __future__ import annotations
 
@@ -33,7 +33,7 @@ import time
 import numpy as np
 from absl import flags
 
-from jask.bench import harness
+from jask.bench import data, harness
 
 FLAGS = flags.FLAGS
 flags.DEFINE_enum("op", "sum", ["sum", "add", "dot", "readers"], "What to measure (dot: sum(x @ x), a "
@@ -110,7 +110,7 @@ def raw_read(paths, bufsize=16 * 2**20):
     """Sequential readinto of every data file of the stores; returns (seconds, bytes)."""
     files = [f for p in paths for f in data_files(p)]
     t0 = time.perf_counter()
-    total = harness.raw_read(files, bufsize)
+    total = data.raw_read(files, bufsize)
     return time.perf_counter() - t0, total
 
 
@@ -223,7 +223,8 @@ def bench_readers(layout, root):
     from zarr.core.buffer.cpu import NDBuffer
 
     from jask.plan.tiling import default_tile
-    from jask.io.reader import Prefetcher, TileReader, aligned_empty
+    from jask.io.prefetch import Prefetcher
+    from jask.io.reader import TileReader, aligned_empty
     from jask.io.store import open_existing
     import jask
     jask.set_memory_budget(FLAGS.budget)

@@ -25,7 +25,8 @@ from jask.exec.schedule import window_input_bytes, windows
 from jask.graph.nodes import Node, OpNode, ScalarNode, StoredNode, ZerosNode
 from jask.graph.op import CustomOp
 from jask.graph.tiling import block_at, grid, region
-from jask.io.reader import Prefetcher, reader_for
+from jask.io.prefetch import Prefetcher
+from jask.io.reader import reader_for
 from jask.io.writer import WriteBehind
 from jask.plan.planner import Plan
 

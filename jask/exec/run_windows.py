@@ -70,7 +70,7 @@ class Kernels:
         see kernel bugs), are real failures and propagate.
         """
         key = self._stacked_key(backend, call)
-        if key in self._proven or getattr(backend, "interpret", False):
+        if key in self._proven or backend.interpret:
             return program(*args)
         try:
             out = program(*args)

@@ -7,15 +7,15 @@ a whole array. Replacing an existing path (``to_zarr(..., overwrite=True)``,
 ``renameat2(RENAME_EXCHANGE)`` (the path never goes missing), renames the old
 folder to its ``-old-`` sibling and only then drops it. Where the filesystem
 cannot exchange, it moves the old folder aside and renames the new one in;
-:func:`recover` finishes or rolls back such a swap when its process died.
+:func:`jask.io.recovery.recover` finishes or rolls back such a swap when its process died.
 
 Readers see one version. A user store (not scratch) is opened through a
-:class:`_Pin`: a directory file descriptor holding a shared ``flock``, through
+:class:`~jask.io.pins.Pin`: a directory file descriptor holding a shared ``flock``, through
 which metadata and every chunk are read, so a reader keeps reading the version
 it opened while another process swaps the path under it. A replaced folder is
 deleted only by whoever gets the exclusive lock on it: the committing process
 when no one reads it, otherwise the last reader to let go of it, or the next
-:func:`recover` of its path.
+:func:`~jask.io.recovery.recover` of its path.
 
 Fault injection (:mod:`jask.io.faults`) fires at each step of a write and a commit.
 """
@@ -23,12 +23,8 @@ from __future__ import annotations
 
 import ctypes
 import errno
-import fcntl
-import glob
 import os
 import secrets
-import shutil
-import time
 import weakref
 
 import numpy as np
@@ -36,12 +32,9 @@ import zarr
 
 from jask.io import dtypes, faults
 from jask.io.layout import describe_region
-from jask.io.scratch import pid_alive
+from jask.io.pins import Pin, drop_retired, folder_deleted, pin_current, remove_tree
+from jask.io.recovery import settle, sweep
 from jask.io.writer import make_chunk_writer
-
-
-def _remove_tree(path: str) -> None:
-    shutil.rmtree(path, ignore_errors=True)
 
 
 def _fsync_dir(path: str) -> None:
@@ -72,105 +65,6 @@ def _io_error(err: OSError, what: str) -> OSError:
     if err.errno:
         return OSError(err.errno, f"{what} failed: {err.strerror or err}")
     return OSError(f"{what} failed: {err}")
-
-
-# ---------------------------------------------------------------- pins
-
-class _Pin:
-    """A directory file descriptor on one array folder, holding a shared ``flock`` on it.
-
-    Reads go through the descriptor (``openat`` on ``fd`` for direct chunk
-    reads, ``root`` = ``/proc/self/fd/N`` for zarr), which follows the folder
-    through renames, so a reader keeps the version it opened while another
-    process swaps the path. The lock keeps any jask process from deleting the
-    folder meanwhile. Released when garbage collected: the last holder of a
-    retired (``-old-``) folder deletes it.
-    """
-
-    def __init__(self, path: str):
-        fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
-        try:
-            fcntl.flock(fd, fcntl.LOCK_SH)
-        except BaseException:
-            os.close(fd)
-            raise
-        self.fd = fd
-        proc = f"/proc/self/fd/{fd}"
-        self.root = proc if os.path.isdir(proc) else os.path.abspath(path)
-        self.inode = _inode(os.fstat(fd))
-        self._finalizer = weakref.finalize(self, _release_pin, fd, os.getpid())
-
-    def release(self) -> None:
-        self._finalizer()
-
-    def deleted(self) -> bool:
-        """Whether the pinned folder was removed (it may be renamed: that is fine)."""
-        return os.fstat(self.fd).st_nlink == 0
-
-
-def folder_deleted(pin: "_Pin | None", path: str) -> bool:
-    """Whether the folder a store reads was deleted: through its pin if it has one (a pinned
-    folder may be renamed meanwhile), else by its path."""
-    return pin.deleted() if pin is not None else not os.path.isdir(path)
-
-
-def _inode(st) -> tuple[int, int]:
-    return st.st_dev, st.st_ino
-
-
-def _release_pin(fd: int, owner: int) -> None:
-    """Drop a pin; if it was the last on a retired folder, delete the folder.
-
-    In a forked child the descriptor (and its lock) is the parent's too, so it is only closed.
-    """
-    try:
-        if os.getpid() != owner:
-            return
-        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        here = os.readlink(f"/proc/self/fd/{fd}")
-        if _is_retired(here):
-            _remove_tree(here)
-    except OSError:
-        pass   # others still read it, or no /proc: the next recover() of its path sweeps it
-    finally:
-        os.close(fd)
-
-
-def _is_retired(path: str) -> bool:
-    return os.path.basename(path).startswith(".") and ".jask-old-" in os.path.basename(path)
-
-
-def _pin_current(path: str) -> _Pin:
-    """Pin the folder now at ``path`` (retrying if a swap lands between the open and the lock)."""
-    for _ in range(100):
-        pin = _Pin(path)
-        try:
-            if _inode(os.stat(path)) == pin.inode:
-                return pin
-        except FileNotFoundError:
-            pass
-        pin.release()
-    raise OSError(f"{path} is being replaced faster than it can be opened")
-
-
-def _drop_retired(path: str) -> bool:
-    """Delete a replaced folder unless some process still reads it (holds its lock); returns whether deleted."""
-    try:
-        fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
-    except FileNotFoundError:
-        return True
-    except OSError:
-        return False
-    try:
-        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except OSError:
-        os.close(fd)
-        return False
-    try:
-        _remove_tree(path)
-    finally:
-        os.close(fd)
-    return True
 
 
 USE_EXCHANGE = True   # swap folders with renameat2(RENAME_EXCHANGE) where the filesystem can
@@ -215,13 +109,13 @@ class Store:
         array refers to them.
     writable : bool
         Whether ``update_`` may replace its contents.
-    pin : _Pin, optional
+    pin : Pin, optional
         Holds the folder of a user store; ``array`` is then opened through
         ``pin.root``, so it reads the version it opened even after the path is
         replaced by another process.
     """
 
-    def __init__(self, path: str, array, owned: bool, writable: bool = False, pin: "_Pin | None" = None):
+    def __init__(self, path: str, array, owned: bool, writable: bool = False, pin: "Pin | None" = None):
         self.path = os.path.abspath(path)
         self.array = array
         self.owned = owned
@@ -287,7 +181,7 @@ class _Folder:
 
     def __init__(self, path: str):
         self.path = path
-        weakref.finalize(self, _remove_tree, path)
+        weakref.finalize(self, remove_tree, path)
 
 
 _open_stores: dict[str, weakref.WeakSet] = {}
@@ -298,7 +192,7 @@ def _move_open_stores(path: str, aside: str) -> bool:
 
     Arrays are values: an array opened before ``path`` was replaced keeps
     reading what it opened. Returns whether an unpinned store now owns the
-    folder (pinned ones leave its deletion to :func:`_drop_retired` and their pins).
+    folder (pinned ones leave its deletion to :func:`~jask.io.pins.drop_retired` and their pins).
     """
     stores = [st for st in _open_stores.pop(path, ()) if st.path == path]
     folder = _Folder(aside) if any(st._pin is None for st in stores) else None
@@ -327,7 +221,7 @@ class PendingStore:
         shards = None if shards is None else tuple(int(s) for s in shards)
         if shards is not None:
             check_shards(shape, chunks, shards)
-        self._finalizer = weakref.finalize(self, _remove_tree, self.tmp_path)
+        self._finalizer = weakref.finalize(self, remove_tree, self.tmp_path)
         try:
             self.array = zarr.create_array(
                 self.tmp_path, shape=tuple(shape), dtype=dtypes.storage_dtype(dtype), chunks=tuple(chunks),
@@ -384,7 +278,7 @@ class PendingStore:
             exists = os.path.lexists(self.final_path)
             if exists and not replace:
                 raise FileExistsError(f"{self.final_path} already exists; pass overwrite=True to replace it")
-            pin = None if owned else _Pin(self.tmp_path)   # the new folder, wherever it is renamed
+            pin = None if owned else Pin(self.tmp_path)   # the new folder, wherever it is renamed
             old_aside = self._swap() if exists else self._rename_in()
         except BaseException as e:
             if pin is not None:
@@ -398,8 +292,8 @@ class PendingStore:
             if faults.hook is not None:
                 faults.fire("after_retire", path=self.final_path)
             if not _move_open_stores(self.final_path, old_aside):
-                _drop_retired(old_aside)
-            _sweep(self.final_path)
+                drop_retired(old_aside)
+            sweep(self.final_path)
         if faults.hook is not None:
             faults.fire("after_commit", path=self.final_path)
         array = zarr.open_array(pin.root if pin is not None else self.final_path,
@@ -426,7 +320,7 @@ class PendingStore:
         ready = _sibling(final, "new")           # no RENAME_EXCHANGE here: two renames
         os.rename(self.tmp_path, ready)
         self._finalizer.detach()
-        self._finalizer = weakref.finalize(self, _remove_tree, ready)
+        self._finalizer = weakref.finalize(self, remove_tree, ready)
         if faults.hook is not None:
             faults.fire("after_new_ready", path=final)
         aside = _sibling(final, "old")
@@ -453,88 +347,23 @@ def check_shards(shape, chunks, shards) -> None:
                          "along every axis")
 
 
-SWAP_WAIT_SECONDS = 10.0   # how long open_existing waits for another process's two-rename swap
-
-
-def _owner_alive(sibling: str) -> bool:
-    """Whether the process named in a ``.NAME.jask-KIND-PID-TOKEN`` sibling is another live process."""
-    pid = sibling.rsplit("-", 2)[-2]
-    return pid.isdigit() and int(pid) != os.getpid() and pid_alive(int(pid))
-
-
-def _siblings(path: str, kind: str = "") -> list[str]:
-    head, name = os.path.split(path)
-    return sorted(glob.glob(os.path.join(head, f".{glob.escape(name)}.jask-{kind}*")))
-
-
-def recover(path: str) -> None:
-    """Finish or undo a replacement of ``path`` that a crash interrupted, and sweep leftovers.
-
-    Only a dead process's swap (or this process's own) is finished: a live
-    process may be between its two renames. If ``path`` is missing, a ``-new-``
-    sibling (only ever a complete array) wins, otherwise an ``-old-`` one is put
-    back. Then :func:`_sweep` removes what is left over.
-    """
-    path = os.path.abspath(path)
-    if not os.path.exists(path):
-        for kind in ("new", "old"):
-            found = [f for f in _siblings(path, kind + "-") if not _owner_alive(f)]
-            if found:
-                try:
-                    os.rename(found[-1], path)
-                except OSError:
-                    pass    # another process recovered it first
-                break
-    _sweep(path)
-
-
-def _sweep(path: str) -> None:
-    """Remove ``-tmp-``/``-new-`` siblings of dead processes and ``-old-`` ones nobody reads.
-
-    An ``-old-`` sibling is a replaced array: it goes once no process holds a
-    pin on it (whatever process replaced it), and only while ``path`` exists.
-    """
-    exists = os.path.exists(path)
-    for leftover in _siblings(path):
-        if _is_retired(leftover):
-            if exists:
-                _drop_retired(leftover)
-            continue
-        pid = leftover.rsplit("-", 2)[-2]
-        if pid.isdigit() and int(pid) != os.getpid() and not pid_alive(int(pid)):
-            _remove_tree(leftover)
-
-
-def _swap_in_progress(path: str) -> bool:
-    return any(_owner_alive(f) for kind in ("new-", "old-") for f in _siblings(path, kind))
-
-
-def _settle(path: str) -> None:
-    """Recover ``path``; while it is missing because a live process is mid-swap, wait for that swap."""
-    deadline = time.monotonic() + SWAP_WAIT_SECONDS
-    recover(path)
-    while not os.path.exists(path) and _swap_in_progress(path) and time.monotonic() < deadline:
-        time.sleep(0.005)
-        recover(path)
-
-
 def open_existing(path: str, mode: str) -> Store:
     """Open a Zarr array at ``path`` without copying it, with clear errors for bad paths.
 
-    The folder is pinned (:class:`_Pin`): this store reads the version it
+    The folder is pinned (:class:`Pin`): this store reads the version it
     opened, even if another process replaces the path meanwhile.
     """
     if mode not in ("r", "r+"):
         raise ValueError(f"from_zarr mode must be 'r' or 'r+', got {mode!r}")
     path = os.path.abspath(os.fspath(path))
     for attempt in range(3):
-        _settle(path)
+        settle(path)
         if not os.path.exists(path):
             raise FileNotFoundError(f"from_zarr: no Zarr array at {path}")
         if not os.path.isdir(path):
             raise ValueError(f"from_zarr: {path} is a file, not a Zarr array folder")
         try:
-            pin = _pin_current(path)
+            pin = pin_current(path)
             break
         except FileNotFoundError:
             if attempt == 2:

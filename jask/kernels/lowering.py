@@ -1,6 +1,6 @@
 """Lowering gate: every window program jask emits, lowered for TPU and GPU without an accelerator.
 
-    python -m jask.kernels.lowering --platforms=cuda,tpu [--quick] [--legacy]
+    python -m jask.kernels.lowering --platforms=cuda,tpu [--quick]
 
 For each op of the ``OPS`` table in ``tests/test_ops.py`` (built from its
 class's ``from_inputs``), a few fused chains (:class:`FusedTileOp`) and window
@@ -10,8 +10,7 @@ window program is exported with ``jax.export.export(jax.jit(f), platforms=[p])``
 One line per kernel: ``ok``, ``refused`` (the backend raised WindowNotLegal up
 front: the executor runs the ``xla`` program for that window) or ``FAIL`` with
 the compiler's message. Exit status 1 if any kernel the backend claimed legal
-failed to lower. ``--legacy`` also lowers today's per-tile ``output_tile``
-kernels (whole-tile blocks), which fail on ``cuda`` at large tiles.
+failed to lower.
 
 This module is a tool: unlike the rest of ``jask/kernels`` it imports ops and
 fusion from ``jask.plan``/``jask.linalg`` to build what the executor would.
@@ -195,36 +194,19 @@ def cases(edges, dtypes):
     return out
 
 
-def legacy_cases(edges, dtypes):
-    """Today's per-tile ``output_tile`` kernels: whole-tile blocks, one chunk of entries."""
-    from jask.kernels.pallas import PallasKernel
-    from jask.linalg.add import Add
-    out = []
-    for dtype in dtypes:
-        for e in edges:
-            def build(target, e=e, dtype=dtype):
-                k = PallasKernel(Add(), target, interpret=False)
-                x = jax.ShapeDtypeStruct((1, e, e), jnp.dtype(dtype))
-                return (lambda a, b: k._chunk_program((False, False), a, b)), (x, x)
-            out.append(Case("legacy_add", e, dtype, f"blocks=[({e}, {e})] * 2 whole tile", build))
-    return out
-
-
 # ---------------------------------------------------------------- command line
 
 FLAGS = flags.FLAGS
 flags.DEFINE_list("platforms", ["cuda", "tpu"], "Platforms to lower for (cuda, tpu).")
 flags.DEFINE_bool("quick", False, f"Tile edges {QUICK_EDGES} only (CI).")
-flags.DEFINE_bool("legacy", False, "Also lower today's per-tile output_tile kernels (whole-tile blocks).")
 flags.DEFINE_string("only", "", "Lower only cases whose name contains this.")
 
 
-def run_gate(platforms, edges, dtypes=DTYPES, legacy=False, only="", out=sys.stdout) -> dict:
+def run_gate(platforms, edges, dtypes=DTYPES, only="", out=sys.stdout) -> dict:
     """Lower every case on every platform; print one line each and return the counts per status."""
     counts = {"ok": 0, "refused": 0, "FAIL": 0}
     failures = []
-    todo = cases(edges, dtypes) + (legacy_cases(edges, dtypes) if legacy else [])
-    for case in todo:
+    for case in cases(edges, dtypes):
         if only and only not in case.name:
             continue
         for p in platforms:
@@ -248,8 +230,7 @@ def main(argv):
         if p not in TARGET:
             raise app.UsageError(f"unknown platform {p!r}; choose from {sorted(TARGET)}")
     start = time.perf_counter()
-    counts = run_gate(FLAGS.platforms, QUICK_EDGES if FLAGS.quick else EDGES, legacy=FLAGS.legacy,
-                      only=FLAGS.only)
+    counts = run_gate(FLAGS.platforms, QUICK_EDGES if FLAGS.quick else EDGES, only=FLAGS.only)
     print(f"lowered in {time.perf_counter() - start:.1f}s")
     sys.exit(1 if counts["FAIL"] else 0)
 

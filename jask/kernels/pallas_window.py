@@ -126,14 +126,15 @@ def _leaf_operand(stack, column, direct):
 
 # ---------------------------------------------------------------- TPU and interpret: fold along the grid
 
-def _tpu_call(op, spec, plan, acc_dtype, operands, valid, interpret, limits, name):
-    n, k_len = spec.n_tiles, spec.k
+def _tpu_blocks(spec, plan):
+    """How ``plan`` cuts a window: parallel and contraction grid extents, each leaf's block and index
+    map ``(parallel ids, contraction ids) -> block index``, and the output's block and index map."""
     out_block = spec.out_block
     if plan.kind == "pointwise":
         inner = plan.inner
         par, red = tuple(pl.cdiv(s, b) for s, b in zip(out_block, inner)), ()
         in_blocks = [inner if b else () for b in spec.leaf_blocks]
-        in_index = [lambda p, r: p] * len(operands)
+        in_index = [lambda p, r: p] * len(spec.leaf_blocks)
         out_tile, out_index = inner, (lambda p: p)
     elif plan.kind == "matmul":
         bm, bn, bk = plan.inner
@@ -147,6 +148,13 @@ def _tpu_call(op, spec, plan, acc_dtype, operands, valid, interpret, limits, nam
         in_blocks = list(spec.leaf_blocks)
         in_index = [lambda p, r, nd=len(b): (0,) * nd for b in spec.leaf_blocks]
         out_tile, out_index = out_block, (lambda p, nd=len(out_block): (0,) * nd)
+    return par, red, in_blocks, in_index, out_tile, out_index
+
+
+def _tpu_call(op, spec, plan, acc_dtype, operands, valid, interpret, limits, name):
+    n, k_len = spec.n_tiles, spec.k
+    out_block = spec.out_block
+    par, red, in_blocks, in_index, out_tile, out_index = _tpu_blocks(spec, plan)
     unit = lambda b: (1, *b) if len(b) == 1 else b  # noqa: E731 - 1-D blocks as (1, c) for the TPU rule
     np_ = len(par)
 

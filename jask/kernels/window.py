@@ -27,6 +27,8 @@ import dataclasses
 
 import numpy as np
 
+from jask.kernels.registry import settings
+
 
 @dataclasses.dataclass(frozen=True)
 class WindowSpec:
@@ -76,8 +78,7 @@ def contraction_precision(dtypes) -> str:
     programs keep the default.
     """
     import jax.numpy as jnp
-    from jask.config import config
     floats = [jnp.dtype(d) for d in dtypes if jnp.issubdtype(jnp.dtype(d), jnp.floating)]
     if floats and all(d.itemsize < 4 for d in floats):
         return "default"
-    return getattr(config, "precision", "highest")
+    return settings().precision

@@ -1,27 +1,24 @@
 """Multiplication: array x array, array x Python number, and array x traced JAX scalar.
 
-``a * s`` with a traced scalar ``s`` cannot be a plain ``make_op`` op: the
-gradient for ``s`` is ``sum(d_out * a)`` over every tile, a scalar, not a tile
-shaped like an input. So it is its own hijax primitive pair,
-:class:`HiScalarMul` and :class:`HiScalarMulBackward`, built from the same
-lazy-graph pieces as ``make_op``.
+``a * s`` with a traced scalar ``s`` is a ``make_op`` op with a scalar operand
+(``ScalarMul.scalar_operands``): the gradient for ``s``, ``sum(d_out * a)`` over
+every tile, is a reduction that ``make_op``'s backward runs and returns as a JAX
+scalar. ``HiScalarMul``/``HiScalarMulBackward``, the hand-written primitive pair
+this once took, are now make_op's own primitives (names kept for the seed).
 """
 from __future__ import annotations
 
-import dataclasses
 import math
 import numbers
 
 import jax.numpy as jnp
 import numpy as np
 
-from jask.exec.driver import run
 from jask.graph.op import BlockParallelOp
-from jask.hijax import compat, runtime
-from jask.hijax.array import DiskArrayType, is_disk_array, type_of
-from jask.hijax.grad import GradOp
+from jask.hijax import compat
+from jask.hijax.array import is_disk_array, type_of
 from jask.hijax.make_op import make_op
-from jask.graph.nodes import OpNode, OpSpec
+from jask.hijax.primitives import BackwardPrimitive, OpPrimitive
 from jask.linalg._checks import same_shape
 
 
@@ -71,7 +68,9 @@ class MulConstant(BlockParallelOp):
 
 
 class ScalarMul(BlockParallelOp):
-    """a * s where s is a scalar operand; the graph node behind HiScalarMul."""
+    """a * s where s is a 0-d JAX value, traced or not: its gradient ``sum(d_out * a)`` is a reduction."""
+
+    scalar_operands = True
 
     def forward_block(self, a_block, s):
         return (a_block * s).astype(self.output_dtype(a_block.dtype, s.dtype))
@@ -95,84 +94,7 @@ class ScalarMul(BlockParallelOp):
 
 _mul_arrays = make_op(MulArrays, name="mul")
 _mul_constant = make_op(MulConstant, name="mul")
-_SCALAR_MUL = OpSpec(ScalarMul, (), "mul")
-
-
-@dataclasses.dataclass(frozen=True)
-class _ScalarMulForward:
-    def __call__(self, a, s):
-        s = runtime.as_node(s)
-        return (OpNode(_SCALAR_MUL, (a, s), a.shape, ScalarMul().output_dtype(a.dtype, s.dtype)),)
-
-
-@dataclasses.dataclass(frozen=True)
-class _ScalarMulBackward:
-    want_a: bool
-    want_s: bool
-
-    def __call__(self, g, a, s):
-        inputs = (g, a, runtime.as_node(s))
-        outs = []
-        if self.want_a:
-            outs.append(OpNode(OpSpec(GradOp, (("forward", _SCALAR_MUL), ("wrt", 0)), "grad[mul]"),
-                               inputs, a.shape, a.dtype))
-        if self.want_s:
-            ds = OpNode(OpSpec(GradOp, (("forward", _SCALAR_MUL), ("wrt", 1)), "grad[mul]"),
-                        inputs, (), np.asarray(s).dtype)
-            outs.extend(run([ds]))
-        return tuple(outs)
-
-
-class HiScalarMul(compat.HiPrimitive):
-    """``a * s`` for a DiskArray ``a`` and a (possibly traced) JAX scalar ``s``."""
-
-    def __init__(self, a_type, s_type):
-        self.in_avals = (a_type, s_type)
-        self.out_aval = DiskArrayType(a_type.shape, np.dtype(ScalarMul().output_dtype(a_type.dtype, s_type.dtype)))
-        self.params = dict(signature=(a_type, s_type))
-        super().__init__()
-
-    def expand(self, a, s):
-        (out,) = runtime.host_call(_ScalarMulForward(), (self.out_aval,),
-                                   [runtime.ref_of(a), s], [True, False])
-        return out
-
-    def vjp_fwd(self, nzs_in, a, s):
-        return self(a, s), (a, s)
-
-    def vjp_bwd(self, res, g, a_acc, s_acc):
-        if compat.is_zero_cotangent(g):
-            return
-        want_a, want_s = compat.wants_grad(a_acc), compat.wants_grad(s_acc)
-        if not (want_a or want_s):
-            return
-        grads = HiScalarMulBackward(self.in_avals[0], self.in_avals[1], want_a, want_s)(g, *res)
-        grads = list(grads)
-        if want_a:
-            a_acc.accum(grads.pop(0))
-        if want_s:
-            s_acc.accum(grads.pop(0))
-
-    def batch(self, axis_data, args, dims):
-        raise NotImplementedError("jax.vmap of jask.mul is not supported")
-
-
-class HiScalarMulBackward(compat.HiPrimitive):
-    """Gradients of ``a * s``: a lazy DiskArray ``g * s`` and the scalar ``sum(g * a)`` (a reduction)."""
-
-    def __init__(self, a_type, s_type, want_a, want_s):
-        self.in_avals = (a_type, a_type, s_type)
-        self.out_aval = tuple(t for t, w in ((a_type, want_a), (s_type, want_s)) if w)
-        self.params = dict(signature=(a_type, s_type), want=(want_a, want_s))
-        super().__init__()
-
-    def expand(self, g, a, s):
-        want_a, want_s = self.want
-        return runtime.host_call(_ScalarMulBackward(want_a, want_s), self.out_aval,
-                                 [runtime.ref_of(g), runtime.ref_of(a), s], [True, True, False])
-
-    def vjp_fwd(self, nzs_in, *args):
-        raise NotImplementedError("second-order gradients of jask.mul are not supported")
+_mul_scalar = make_op(ScalarMul, name="mul")
 
 
 def _scalar_mul(a, s):
@@ -186,9 +108,7 @@ def _scalar_mul(a, s):
     if not jnp.issubdtype(s.dtype, jnp.floating):
         a_dtype = type_of(a).dtype
         s = s.astype(a_dtype if jnp.issubdtype(a_dtype, jnp.floating) else jnp.float32)
-    if not compat.is_traced(a) and not compat.is_traced(s):
-        runtime.safe_point()
-    return HiScalarMul(type_of(a), compat.ShapedArray((), s.dtype))(a, s)
+    return _mul_scalar(a, s)
 
 
 def mul(a, b):
@@ -209,3 +129,6 @@ def mul(a, b):
     if isinstance(s, (np.ndarray, np.generic)) or hasattr(s, "dtype"):
         return _scalar_mul(arr, s)
     raise TypeError(f"mul cannot multiply a DiskArray by {type(s).__name__}")
+
+
+HiScalarMul, HiScalarMulBackward = OpPrimitive, BackwardPrimitive   # the seed's names for the pattern

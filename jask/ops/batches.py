@@ -20,7 +20,8 @@ import numpy as np
 from jask.hijax.array import DiskArray
 from jask.graph.nodes import StoredNode
 from jask.exec.events import count as count_events
-from jask.io.reader import Prefetcher, reader_for
+from jask.io.prefetch import Prefetcher
+from jask.io.reader import reader_for
 
 
 def _stored(name, x):

@@ -33,7 +33,6 @@ import numpy as np
 from jask.graph.nodes import Node, OpNode, ScalarNode
 
 LEAF, STEP = 0, 1        # where an operand of a step lives: the leaf list or an earlier step
-_KERNEL_CACHE_SIZE = 512
 
 
 def live_positions(node: OpNode, op) -> list[int]:
@@ -180,21 +179,6 @@ class _Same:
 
     def __eq__(self, other):
         return isinstance(other, _Same) and other.obj is self.obj
-
-
-_kernels: dict = {}
-
-
-def fused_kernel(program: EntryProgram, backend):
-    """The backend's compiled kernel for this program shape (an op alone compiles as itself)."""
-    key = (backend.name, program.key())
-    kernel = _kernels.get(key)
-    if kernel is None:
-        op = program.root_op if _is_plain(program) else FusedTileOp(program)
-        kernel = _kernels[key] = backend.compile(op)
-        while len(_kernels) > _KERNEL_CACHE_SIZE:
-            _kernels.pop(next(iter(_kernels)))
-    return kernel
 
 
 def _is_plain(program: EntryProgram) -> bool:

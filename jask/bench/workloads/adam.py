@@ -16,7 +16,7 @@ import shutil
 
 import numpy as np
 
-from jask.bench import harness, peers
+from jask.bench import data, peers
 from jask.bench.workloads import default_chunk_edge, gib_label, rows_for, COLS
 
 NAME = "adam"
@@ -50,17 +50,17 @@ def chunk_edge(p, budget):
 
 def make_data(p, root, tile, layout):
     j = os.path.join
-    paths = {"W": harness.write_store(j(root, "W.zarr"), p["shape"], tile, seed=31, layout=layout),
-             "T": harness.write_store(j(root, "T.zarr"), p["shape"], tile, seed=32, layout=layout)}
+    paths = {"W": data.write_store(j(root, "W.zarr"), p["shape"], tile, seed=31, layout=layout),
+             "T": data.write_store(j(root, "T.zarr"), p["shape"], tile, seed=32, layout=layout)}
     # stand-ins for the moments m and v, read only by the raw-io limit (distinct files, so none is cached)
     for name, seed in (("m", 33), ("v", 34)):
-        paths[name] = harness.write_store(j(root, f"{name}.zarr"), p["shape"], tile, seed=seed, layout=layout)
+        paths[name] = data.write_store(j(root, f"{name}.zarr"), p["shape"], tile, seed=seed, layout=layout)
     return paths
 
 
 def _check_store(path, start):
     """The final parameters, and their change from the start (an update too small to move ``W`` shows here)."""
-    return {"W": harness.summarize_store(path), "step": harness.summarize_store(path, minus=start)}
+    return {"W": data.summarize_store(path), "step": data.summarize_store(path, minus=start)}
 
 
 class Jask(peers.JaskRunner):
@@ -116,8 +116,8 @@ class Jnp(peers.JnpRunner):
         self.W, self.state = self.jax.block_until_ready(self.f(self.W, self.state, self.T))
 
     def check(self):
-        w, w0 = np.asarray(self.W), harness.read_store(self.paths["W"])
-        return {"W": harness.summarize(w), "step": harness.summarize(w - w0)}
+        w, w0 = np.asarray(self.W), data.read_store(self.paths["W"])
+        return {"W": data.summarize(w), "step": data.summarize(w - w0)}
 
 
 class DaskManual(peers.DaskRunner):

@@ -5,7 +5,7 @@ import os
 
 import numpy as np
 
-from jask.bench import harness, peers
+from jask.bench import data, peers
 from jask.bench.workloads import default_chunk_edge
 
 NAME = "dot"
@@ -37,7 +37,7 @@ def chunk_edge(p, budget):
 
 
 def make_data(p, root, tile, layout):
-    return {name: harness.write_store(os.path.join(root, f"{name}.zarr"), p["shape"], tile, seed=i + 11, layout=layout)
+    return {name: data.write_store(os.path.join(root, f"{name}.zarr"), p["shape"], tile, seed=i + 11, layout=layout)
             for i, name in enumerate("ab")}
 
 
@@ -77,7 +77,7 @@ class Jnp(peers.JnpRunner):
         self.out = self.f(self.a, self.b).block_until_ready()
 
     def check(self):
-        return {"out": harness.summarize(np.asarray(self.out))}
+        return {"out": data.summarize(np.asarray(self.out))}
 
 
 SYSTEMS = {

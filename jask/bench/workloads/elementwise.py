@@ -5,7 +5,7 @@ import os
 
 import numpy as np
 
-from jask.bench import harness, peers
+from jask.bench import data, peers
 from jask.bench.workloads import default_chunk_edge, gib_label, rows_for, COLS
 
 NAME = "elementwise"
@@ -40,7 +40,7 @@ def chunk_edge(p, budget):
 
 
 def make_data(p, root, tile, layout):
-    return {name: harness.write_store(os.path.join(root, f"{name}.zarr"), p["shape"], tile, seed=i + 1, layout=layout)
+    return {name: data.write_store(os.path.join(root, f"{name}.zarr"), p["shape"], tile, seed=i + 1, layout=layout)
             for i, name in enumerate("abc")}
 
 
@@ -84,7 +84,7 @@ class Jnp(peers.JnpRunner):
         self.out = self.f(self.a, self.b, self.c).block_until_ready()
 
     def check(self):
-        return {"out": harness.summarize(np.asarray(self.out))}
+        return {"out": data.summarize(np.asarray(self.out))}
 
 
 class NaiveLoop(peers.StoreCheck, peers.NaiveLoopRunner):
@@ -93,7 +93,7 @@ class NaiveLoop(peers.StoreCheck, peers.NaiveLoopRunner):
         self.f = self.jax.jit(chain)
 
     def run(self):
-        out = harness.create_store(self.out_path(), self.a.shape, self.chunks_of(self.a.shape))
+        out = data.create_store(self.out_path(), self.a.shape, self.chunks_of(self.a.shape))
         for r in self.regions(self.a.shape):
             out[r] = np.asarray(self.f(self.a[r], self.b[r], self.c[r]))
 

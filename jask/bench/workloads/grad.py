@@ -11,7 +11,7 @@ import os
 
 import numpy as np
 
-from jask.bench import harness, peers
+from jask.bench import data, peers
 from jask.bench.workloads import default_chunk_edge, gib_label, rows_for
 
 NAME = "grad"
@@ -49,14 +49,14 @@ def chunk_edge(p, budget):
 def make_data(p, root, tile, layout):
     n, d, h = p["rows"], p["features"], p["hidden"]
     j = os.path.join
-    return {"X": harness.write_store(j(root, "X.zarr"), (n, d), tile, seed=21, layout=layout),
-            "Y": harness.write_store(j(root, "Y.zarr"), (n, 1), tile, seed=22, scale=4.0, layout=layout),
-            "W1": harness.write_store(j(root, "W1.zarr"), (d, h), tile, seed=23, scale=0.2, shift=-0.1),
-            "W2": harness.write_store(j(root, "W2.zarr"), (h, 1), tile, seed=24, scale=0.2, shift=-0.1)}
+    return {"X": data.write_store(j(root, "X.zarr"), (n, d), tile, seed=21, layout=layout),
+            "Y": data.write_store(j(root, "Y.zarr"), (n, 1), tile, seed=22, scale=4.0, layout=layout),
+            "W1": data.write_store(j(root, "W1.zarr"), (d, h), tile, seed=23, scale=0.2, shift=-0.1),
+            "W2": data.write_store(j(root, "W2.zarr"), (h, 1), tile, seed=24, scale=0.2, shift=-0.1)}
 
 
 def _check(g1, g2):
-    return {"dW1": harness.summarize(np.asarray(g1)), "dW2": harness.summarize(np.asarray(g2))}
+    return {"dW1": data.summarize(np.asarray(g1)), "dW2": data.summarize(np.asarray(g2))}
 
 
 class Jask(peers.JaskRunner):
@@ -101,7 +101,7 @@ class DaskManual(peers.DaskRunner):
 
     def setup(self):
         self.X, self.Y = self.open("X"), self.open("Y")
-        self.W1, self.W2 = harness.read_store(self.paths["W1"]), harness.read_store(self.paths["W2"])
+        self.W1, self.W2 = data.read_store(self.paths["W1"]), data.read_store(self.paths["W2"])
 
     def run(self):
         H = self.X @ self.W1

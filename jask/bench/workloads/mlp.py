@@ -14,7 +14,7 @@ import os
 
 import numpy as np
 
-from jask.bench import harness, peers
+from jask.bench import data, peers
 from jask.bench.workloads import default_chunk_edge, gib_label, rows_for
 
 NAME = "mlp"
@@ -51,8 +51,8 @@ def chunk_edge(p, budget):
 def make_data(p, root, tile, layout):
     n, d = p["rows"], p["features"]
     j = os.path.join
-    return {"X": harness.write_store(j(root, "X.zarr"), (n, d), tile, seed=31, shift=-0.5, layout=layout),
-            "y": harness.write_store(j(root, "y.zarr"), (n, 1), tile, seed=32, layout=layout)}
+    return {"X": data.write_store(j(root, "X.zarr"), (n, d), tile, seed=31, shift=-0.5, layout=layout),
+            "y": data.write_store(j(root, "y.zarr"), (n, 1), tile, seed=32, layout=layout)}
 
 
 def trainer(jax, jnp, features):
@@ -90,7 +90,7 @@ def _epoch(runner, batches):
 
 def _check(runner):
     return {"first loss": runner.losses[0], "last loss": runner.losses[-1],
-            "w1": harness.summarize(np.asarray(runner.final["w1"]))}
+            "w1": data.summarize(np.asarray(runner.final["w1"]))}
 
 
 class Jask(peers.JaskRunner):

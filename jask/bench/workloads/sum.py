@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import os
 
-from jask.bench import harness, peers
+from jask.bench import data, peers
 from jask.bench.workloads import default_chunk_edge, gib_label, rows_for, COLS
 
 NAME = "sum"
@@ -33,7 +33,7 @@ def chunk_edge(p, budget):
 
 
 def make_data(p, root, tile, layout):
-    return {"x": harness.write_store(os.path.join(root, "x.zarr"), p["shape"], tile, seed=1, layout=layout)}
+    return {"x": data.write_store(os.path.join(root, "x.zarr"), p["shape"], tile, seed=1, layout=layout)}
 
 
 class Jask(peers.JaskRunner):
