@@ -73,6 +73,8 @@ class FakeBackend:
 
     name = "fake"
     interpret = False
+    platforms = ("cpu",)
+    separate_tiles = False
 
     def __init__(self):
         self.compiled = 0
@@ -101,6 +103,16 @@ def test_a_registered_backend_is_selectable_and_listed(small_tiles):
     finally:
         kernels.unregister("fake")
     assert "fake" not in kernels.names()
+
+
+def test_a_backend_that_cannot_compile_for_the_device_gives_way_to_its_auto_backend():
+    """The executor's host fallback (tile math on the CPU inside a callback) asks the registry,
+    not a backend name: compiled pallas gives way on the CPU; xla and interpret run anywhere."""
+    pallas, interpret, xla_backend = (kernels.get_backend(n) for n in ("pallas", "pallas-interpret", "xla"))
+    assert kernels.backend_for(pallas, "cpu") is xla_backend
+    assert kernels.backend_for(pallas, "tpu") is pallas and kernels.backend_for(pallas, "gpu") is pallas
+    assert kernels.backend_for(interpret, "cpu") is interpret
+    assert kernels.backend_for(xla_backend, "tpu") is xla_backend
 
 
 def test_env_variable_selects_backend():

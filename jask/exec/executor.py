@@ -46,8 +46,8 @@ class Executor:
         self.backend = kernels.get_backend()
         self.backend.check_settings("+".join(p.prepared[id(n)].name for n in p.fused + p.stages))
         self.device = device or compute_device()
-        if self.device.platform == "cpu" and self.backend.name == "pallas":
-            self.backend = kernels.get_backend("xla")   # the host fallback inside a callback (see run)
+        # the host fallback inside a callback (see run) computes with the host's backend
+        self.backend = kernels.backend_for(self.backend, self.device.platform)
         # On an accelerator the reader threads start each tile's host-to-device copy (asynchronous),
         # so the next window's transfer overlaps this window's kernel; the host keeps NumPy tiles.
         self.place = None if self.device.platform == "cpu" else (lambda x: jax.device_put(x, self.device))

@@ -39,7 +39,7 @@ class Kernels:
         program over separate tiles (``"tiles"``; ``"fallback"`` where a Pallas backend cannot run
         this window on its platform). The xla program bakes in the window's index table, so it is
         cached per table; a Pallas program takes the table as an operand."""
-        if backend.name != "xla":
+        if not backend.separate_tiles:
             key = self._stacked_key(backend, call)
             entry = self._programs.get(key)
             if entry is None:
@@ -54,7 +54,7 @@ class Kernels:
         entry = self._programs.get(key)
         if entry is None:
             fn = xla.compile_window_tiles(_identity_op(call.program), call.spec, call.table, call.valid, carried)
-            entry = (fn, "tiles" if backend.name == "xla" else "fallback")
+            entry = (fn, "tiles" if backend.separate_tiles else "fallback")
             self._remember(key, entry)
         return entry
 

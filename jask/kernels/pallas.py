@@ -15,7 +15,7 @@ import jax.numpy as jnp
 
 from jask.kernels import legality
 from jask.kernels.pallas_window import window_program
-from jask.kernels.registry import current_platform, register, settings
+from jask.kernels.registry import ANY_PLATFORM, current_platform, register, settings
 
 
 # ---------------------------------------------------------------- platform facts
@@ -81,6 +81,8 @@ class PallasBackend:
     def __init__(self, interpret: bool):
         self.interpret = interpret
         self.name = "pallas-interpret" if interpret else "pallas"   # the interpret twin runs on CPU, for CI
+        self.platforms = (ANY_PLATFORM,) if interpret else ("tpu", "gpu")
+        self.separate_tiles = False   # one pallas_call over stacked tiles and the index table
 
     def platform(self) -> str:
         if self.interpret:

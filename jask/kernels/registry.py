@@ -29,6 +29,8 @@ class Backend(Protocol):
 
     name: str          # what ``jask.config.update("backend", name)`` selects
     interpret: bool    # programs run in interpret mode (CI): a failed compile is a bug, never a fallback
+    platforms: tuple   # platforms it compiles for (ANY_PLATFORM: all); elsewhere the platform's auto one runs
+    separate_tiles: bool   # the executor runs its windows as xla's separate-tiles program (no stacking copy)
 
     def check_settings(self, label: str = "jask") -> None:
         """Refuse, before any tile is read, settings this backend cannot honour here (``label``: the ops)."""
@@ -75,13 +77,21 @@ def current_platform() -> str:
     return "gpu" if p in ("gpu", "cuda", "rocm") else p
 
 
-def auto_backend() -> str:
-    """The backend registered ``auto_for`` this platform (see each backend's file for the measurement)."""
-    name = _auto.get(current_platform()) or _auto.get(ANY_PLATFORM)
+def auto_backend(platform: str | None = None) -> str:
+    """The backend registered ``auto_for`` ``platform`` (default: JAX's; see each backend's file for why)."""
+    platform = platform or current_platform()
+    name = _auto.get(platform) or _auto.get(ANY_PLATFORM)
     if name is None:
-        raise NotImplementedError(f"no backend is registered for platform {current_platform()!r}; "
-                                  f"available: {names()}")
+        raise NotImplementedError(f"no backend is registered for platform {platform!r}; available: {names()}")
     return name
+
+
+def backend_for(backend: Backend, platform: str) -> Backend:
+    """``backend``, or the platform's auto backend where ``backend`` cannot compile for ``platform``
+    (tile math falling back to the host CPU inside a callback while ``pallas`` is selected)."""
+    if ANY_PLATFORM in backend.platforms or platform in backend.platforms:
+        return backend
+    return get_backend(auto_backend(platform))
 
 
 def backend_name() -> str:

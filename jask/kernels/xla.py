@@ -20,6 +20,8 @@ class XlaBackend:
 
     name = "xla"
     interpret = False
+    platforms = (ANY_PLATFORM,)
+    separate_tiles = True   # the executor's window program takes tiles as separate arguments
 
     def check_settings(self, label: str = "jask") -> None:
         """Every setting works on XLA."""
