@@ -18,8 +18,6 @@ import contextlib
 import dataclasses
 import gc
 import os
-import resource
-import sys
 import threading
 import time
 
@@ -31,6 +29,7 @@ from jask.exec import driver, events
 from jask.exec.progress import fmt_bytes
 from jask.hijax.array import DiskArray
 from jask.io.malloc import release_free_memory
+from jask.io.memstat import lifetime_peak_rss, reset_peak_rss, status_bytes
 from jask.io.scratch import scratch_location
 
 
@@ -59,7 +58,6 @@ class Profile(events.Stats):
     not the runtime.
     """
 
-    io_wait_seconds: float = 0.0
     wall_seconds: float = 0.0
     input_tiles_read: int = 0
     peak_rss_bytes: int = 0
@@ -149,7 +147,7 @@ def runtime_baseline() -> int:
         jax.jit(lambda v: v + 1)(jnp.zeros(4, jnp.float32)).block_until_ready()
         gc.collect()
         release_free_memory()
-        _baseline = _status_bytes("VmRSS:") or 0
+        _baseline = status_bytes("VmRSS:") or 0
     return _baseline
 
 
@@ -188,37 +186,6 @@ _peaks: dict[int, int] = {}    # id(profile) -> highest VmHWM seen before a nest
 _lock = threading.Lock()
 
 
-def _status_bytes(field: str) -> int | None:
-    """A size field of /proc/self/status (e.g. ``VmRSS:``) in bytes, or None off Linux."""
-    try:
-        with open("/proc/self/status") as f:
-            for line in f:
-                if line.startswith(field):
-                    return int(line.split()[1]) * 1024
-    except (OSError, ValueError, IndexError):
-        pass
-    return None
-
-
-def _vm_hwm() -> int | None:
-    """The process's peak resident set size in bytes since the last reset (Linux), or None."""
-    return _status_bytes("VmHWM:")
-
-
-def _reset_hwm() -> bool:
-    try:
-        with open("/proc/self/clear_refs", "w") as f:
-            f.write("5")
-        return True
-    except OSError:
-        return False
-
-
-def _lifetime_peak() -> int:
-    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
-    return peak if sys.platform == "darwin" else peak * 1024
-
-
 @contextlib.contextmanager
 def profile():
     """Record the work executed inside the block; yields a :class:`Profile`.
@@ -231,11 +198,11 @@ def profile():
     """
     p = Profile(runtime_baseline_bytes=_baseline or 0, memory_budget_bytes=config.memory_budget)
     with _lock:
-        p.rss_at_entry_bytes = _status_bytes("VmRSS:") or 0
-        hwm = _vm_hwm()
+        p.rss_at_entry_bytes = status_bytes("VmRSS:") or 0
+        hwm = status_bytes("VmHWM:")
         for outer in _active:       # a reset below must not lose an enclosing block's peak
             _peaks[id(outer)] = max(_peaks.get(id(outer), 0), hwm or 0)
-        resettable = hwm is not None and _reset_hwm()
+        resettable = hwm is not None and reset_peak_rss()
         _active.append(p)
     events.listeners.append(p)
     t0 = time.perf_counter()
@@ -248,9 +215,9 @@ def profile():
             _active.remove(p)
             seen = _peaks.pop(id(p), 0)
             if resettable:
-                p.peak_rss_bytes = max(seen, _vm_hwm() or 0)
+                p.peak_rss_bytes = max(seen, status_bytes("VmHWM:") or 0)
             else:
-                p.peak_rss_bytes = _lifetime_peak()
+                p.peak_rss_bytes = lifetime_peak_rss()
                 p.peak_rss_is_lifetime = True
 
 

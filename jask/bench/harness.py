@@ -39,6 +39,7 @@ import time
 import traceback
 
 from jask.bench import data
+from jask.io.memstat import reset_peak_rss, status_bytes
 
 GB = 1e9
 MB = 1e6
@@ -67,14 +68,6 @@ class Task:
 
 # ---------------------------------------------------------------- memory and I/O counters
 
-def _status_kb(field: str) -> int:
-    with open("/proc/self/status") as f:
-        for line in f:
-            if line.startswith(field):
-                return int(line.split()[1]) * 1024
-    return 0
-
-
 def bench_dir(*parts: str) -> str:
     """Default place for benchmark files: ``$JASK_BENCH_DIR``, else ``bench-out`` in the working directory.
 
@@ -94,21 +87,14 @@ def remove_empty_dirs(*paths: str) -> None:
 
 
 def rss() -> int:
-    return _status_kb("VmRSS:")
+    return status_bytes("VmRSS:") or 0
 
 
 def hwm() -> int:
-    return _status_kb("VmHWM:")
+    return status_bytes("VmHWM:") or 0
 
 
-def reset_hwm() -> bool:
-    """Reset the kernel's peak-RSS mark to the current RSS (Linux ``clear_refs``)."""
-    try:
-        with open("/proc/self/clear_refs", "w") as f:
-            f.write("5")
-        return True
-    except OSError:
-        return False
+reset_hwm = reset_peak_rss   # the kernel's peak-RSS mark back to the current RSS (Linux ``clear_refs``)
 
 
 def proc_io() -> dict:
