@@ -74,11 +74,11 @@ class Kernels:
             return program(*args)
         try:
             out = program(*args)
-        except Exception as err:   # noqa: BLE001 -- any compiler's refusal; re-raised if the fallback also fails
+        except Exception as err:   # noqa: BLE001 -- any compiler's refusal; the xla program's own errors propagate
             self._remember(key, (None, "refused"))
             name = getattr(call.program.root_op, "label", type(call.program.root_op).__name__)
             warnings.warn(f"jask: the {backend.name} backend could not compile the window program of {name} "
-                          f"({type(err).__name__}: {str(err).splitlines()[0][:200]}); this program shape runs "
+                          f"({type(err).__name__}: {(str(err).splitlines() or [''])[0][:200]}); this program shape runs "
                           "on the xla backend instead", RuntimeWarning, stacklevel=2)
             return None
         self._proven.add(key)
