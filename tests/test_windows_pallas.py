@@ -17,8 +17,8 @@ import pytest
 from jax.experimental import pallas as pl
 
 from jask import kernels
-from jask.plan.fusion import LEAF, STEP, EntryProgram, FusedTileOp
-from jask.kernels import legality, lowering
+from jask.bench import lowering
+from jask.kernels import legality
 from jask.kernels.legality import Limits, WindowNotLegal
 from jask.kernels.pallas_window import window_program
 from jask.kernels.window import WindowSpec
@@ -29,6 +29,7 @@ from jask.linalg.square import Square
 from jask.linalg.sub import Sub
 from jask.linalg.sum import Sum
 from jask.linalg.transpose import Transpose
+from jask.plan.fusion import LEAF, STEP, EntryProgram, FusedTileOp
 
 TINY = Limits(tpu_pointwise_bytes=2048, tpu_matmul_edge=16, triton_pointwise_elems=128,
               triton_matmul=(16, 16, 16))
@@ -224,7 +225,7 @@ def test_gate_reports_a_refusal_as_a_refusal():
 
 
 def test_quick_gate_passes():
-    out = subprocess.run([sys.executable, "-m", "jask.kernels.lowering", "--quick", "--platforms=cuda,tpu"],
+    out = subprocess.run([sys.executable, "-m", "jask.bench.lowering", "--quick", "--platforms=cuda,tpu"],
                          capture_output=True, text=True, timeout=600)
     assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
     summary = next(line for line in out.stdout.splitlines() if line.startswith("summary:"))

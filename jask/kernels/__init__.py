@@ -24,14 +24,13 @@ from __future__ import annotations
 import importlib
 import pkgutil
 
-from jask.kernels.registry import (TOOLS, Backend, auto_backend, backend_for, backend_name, current_platform,
+from jask.kernels.registry import (Backend, auto_backend, backend_for, backend_name, current_platform,
                                    get_backend, names, register, unregister)
 
 __all__ = ["Backend", "auto_backend", "backend_for", "backend_name", "current_platform", "get_backend", "names",
            "register", "unregister"]
 
-# Import every module of this folder but the tools, so that a new backend's file registers itself with
-# no other edit. Dynamic on purpose: a static list here would be a second place that names backends.
+# Import every module of this folder, so that a new backend's file registers itself with no other
+# edit. Dynamic on purpose: a static list here would be a second place that names backends.
 for _module in pkgutil.iter_modules(__path__):
-    if _module.name not in TOOLS:
-        importlib.import_module(f"{__name__}.{_module.name}")
+    importlib.import_module(f"{__name__}.{_module.name}")

@@ -2,7 +2,7 @@
 
 A backend is one file in ``jask/kernels/`` that defines a class satisfying
 :class:`Backend` and calls :func:`register` at import; ``jask.kernels`` imports
-every module of the folder (except :data:`TOOLS`), so nothing else names it.
+every module of the folder, so nothing else names it.
 ``auto``, :func:`get_backend`, ``jask.config.update("backend", ...)`` and the
 error messages read the registry.
 
@@ -16,7 +16,6 @@ from typing import Protocol
 
 import jax
 
-TOOLS = ("lowering",)     # modules of jask/kernels that are command-line tools, not backends
 ANY_PLATFORM = "*"        # ``auto_for`` entry: picked on any platform no other backend claims
 
 _backends: dict = {}      # name -> backend

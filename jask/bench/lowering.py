@@ -1,6 +1,6 @@
 """Lowering gate: every window program jask emits, lowered for TPU and GPU without an accelerator.
 
-    python -m jask.kernels.lowering --platforms=cuda,tpu [--quick]
+    python -m jask.bench.lowering --platforms=cuda,tpu [--quick]
 
 For each op of the ``OPS`` table in ``tests/test_ops.py`` (built from its
 class's ``from_inputs``), a few fused chains (:class:`FusedTileOp`) and window
@@ -12,8 +12,9 @@ front: the executor runs the ``xla`` program for that window) or ``FAIL`` with
 the compiler's message. Exit status 1 if any kernel the backend claimed legal
 failed to lower.
 
-This module is a tool: unlike the rest of ``jask/kernels`` it imports ops and
-fusion from ``jask.plan``/``jask.linalg`` to build what the executor would.
+It lives with the tools, not in ``jask/kernels``: it builds ops and fused
+programs (``jask.linalg``, ``jask.ops``, ``jask.plan``) as the executor would,
+and the kernels layer imports nothing outside its folder.
 """
 from __future__ import annotations
 
