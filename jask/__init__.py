@@ -20,6 +20,7 @@ from jask import numpy  # noqa: E402 - jax.numpy's API over DiskArrays
 from jask.ops.shape import transpose_op as transpose  # axes positional too, as jnp.transpose
 from jask import nn  # noqa: E402 - jax.nn's names over DiskArrays
 from jask.ops.batches import batches
+from jask.ops.interpret import on_disk
 from jask.api.sinks import materialize, persist, rechunk, to_zarr, update_
 from jask.api.sources import from_numpy, from_zarr
 
@@ -27,6 +28,6 @@ __version__ = "0.1.0"
 
 __all__ = [
     "DiskArray", "Stats", "add", "batches", "cleanup_scratch", "config", "dot", "explain", "from_numpy", "from_zarr",
-    "materialize", "mul", "nn", "numpy", "persist", "profile", "rechunk", "runtime_baseline", "set_memory_budget",
+    "materialize", "mul", "nn", "numpy", "on_disk", "persist", "profile", "rechunk", "runtime_baseline", "set_memory_budget",
     "square", "sub", "sum", "to_zarr", "transpose", "update_",
 ]

@@ -25,6 +25,7 @@ from jask.linalg.add import add
 from jask.linalg.mul import mul
 from jask.linalg.square import square
 from jask.api.sinks import persist
+from jask.ops.interpret import on_disk as _on_disk_fn
 
 
 class AdamDirection(BlockParallelOp):
@@ -108,6 +109,33 @@ def adam(learning_rate, b1: float = 0.9, b2: float = 0.999, eps: float = 1e-8) -
         return step, ScaleByAdamState(count, mu, nu)
 
     return optax.GradientTransformation(init_fn, update_fn)
+
+
+def on_disk(transformation: optax.GradientTransformation) -> optax.GradientTransformation:
+    """Any stock optax transformation (``optax.adamw(...)``, a ``chain``) run on DiskArray parameters.
+
+    optax computes with ``jax.numpy`` functions, which cannot take a DiskArray;
+    wrapped, its ``init`` and ``update`` run through :func:`jask.on_disk`: the
+    same code, each primitive that touches a DiskArray a lazy tiled op, so
+    moments of DiskArray parameters are DiskArrays and nothing parameter-sized
+    is held in memory. The new state's DiskArrays are stored with the next pass
+    that runs (``persist(defer=True)``), so step k does not recompute steps
+    before it. Apply the updates with :func:`apply_updates` (or
+    ``jask.on_disk(optax.apply_updates)``).
+    """
+    init, update = _on_disk_fn(transformation.init), _on_disk_fn(transformation.update)
+
+    def update_fn(updates, state, params=None, **extra):
+        updates, state = update(updates, state, params, **extra)
+        leaves, treedef = jax.tree.flatten(state, is_leaf=is_disk_array)
+        disk = [i for i, x in enumerate(leaves) if is_disk_array(x)]
+        if disk:
+            stored = persist(*[leaves[i] for i in disk], defer=True)
+            for i, x in zip(disk, stored if isinstance(stored, tuple) else (stored,)):
+                leaves[i] = x
+        return updates, jax.tree.unflatten(treedef, leaves)
+
+    return transformation._replace(init=init, update=update_fn)
 
 
 def sgd(learning_rate) -> optax.GradientTransformation:

@@ -23,6 +23,7 @@ REFLECTED = ("add", "sub", "mul", "truediv", "floordiv", "pow")
 UNARY = {"neg": "negative", "pos": "positive", "abs": "abs"}
 METHODS = ("sum", "mean", "max", "min", "prod", "var", "std", "argmax", "argmin", "astype")
 DEFERRED = ("add", "sub", "mul", "truediv", "pow")   # traced_scalar <op> x under jit/grad reaches x's _r<op>
+COMPARISONS = {"eq": "eq", "ne": "ne", "lt": "gt", "le": "ge", "gt": "lt", "ge": "le"}
 
 
 def _method(fn):
@@ -34,7 +35,40 @@ def _reflected(fn):
     return lambda self, other: fn(other, self)
 
 
+def jnp_refusal(name: str) -> TypeError:
+    """The error for a DiskArray handed to a ``jax.numpy`` function, naming the jask way to do it."""
+    ours = f"Use jask.numpy.{name}, or run" if name in vars(jnp_disk) else "Run"
+    return TypeError(
+        f"jax.numpy.{name} cannot take a DiskArray: jax.numpy has no hook to hand it to jask, and converting it "
+        f"would read the whole array into memory. {ours} the jnp code through jask.on_disk(fn) (for optax: jask.optim.on_disk(optax.adam(...)) and jask.optim.apply_updates); "
+        "np.asarray(x) or jask.materialize(x) read a small array into memory on purpose")
+
+
+def _jax_array(self):
+    """Reached only from ``jax.numpy`` functions (its arraylike check): refuse, naming the function."""
+    raise jnp_refusal(compat.jnp_function_name())
+
+
+def _sharding(self):
+    """No sharding. ``lax.full_like`` (behind ``jnp.zeros_like``) reads it to build the array in memory: refused."""
+    if compat.jax_caller() == "full_like":
+        raise jnp_refusal(compat.jnp_function_name("zeros_like"))
+    raise AttributeError("a DiskArray has no sharding")
+
+
+_AVAL_SHARDING = DiskArrayType.sharding   # the hi-type's refusal (vmap, jacfwd, device placement)
+
+
+def _traced_sharding(aval):
+    """The same refusal under ``jit``, naming the jnp function when it is ``jnp.zeros_like`` and kin."""
+    if compat.jax_caller() == "full_like":
+        raise jnp_refusal(compat.jnp_function_name("zeros_like"))
+    return _AVAL_SHARDING.fget(aval)
+
+
 def _array(self, dtype=None, copy=None):
+    if compat.jax_caller() is not None:    # jnp.asarray(x), optax.apply_updates: would read x whole, silently
+        raise jnp_refusal(compat.jnp_function_name("asarray"))
     out = to_numpy(self)
     return out if dtype is None else out.astype(dtype)
 
@@ -85,12 +119,20 @@ def install() -> None:
         setattr(DiskArray, name, _method(fn))
         setattr(DiskArrayType, name, compat.aval_method(_method(fn)))
     DiskArray.__array__ = _array
+    DiskArray.sharding = property(_sharding)
+    DiskArrayType.sharding = property(_traced_sharding)
+    DiskArrayType.__jax_array__ = compat.aval_method(_jax_array)
+    for name in ("real", "conj", "conjugate"):   # jask stores no complex dtypes: the array itself
+        setattr(DiskArray, name, property(lambda self: self) if name == "real" else (lambda self: self))
+    DiskArray.imag = property(jnp_disk.zeros_like)
     DiskArray.to_zarr = _to_zarr
     DiskArray.update_ = _update
     DiskArray.persist = _persist
     DiskArrayType.vspace_add = lambda self, x, y: add(x, y)   # summing two tangents of one value
     for name in DEFERRED:
         compat.defer_reflected_operator(DiskArrayType, name)
+    for name, mirror in COMPARISONS.items():   # traced_scalar < x is x > traced_scalar
+        compat.defer_reflected_operator(DiskArrayType, name, f"_{mirror}")
 
 
 install()

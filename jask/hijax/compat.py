@@ -7,7 +7,11 @@ each difference below has its own section naming the versions it concerns.
 """
 from __future__ import annotations
 
+import os
+import sys
+
 import jax
+import jax.extend.core as _extend_core
 from jax.experimental import hijax as _hijax
 
 JAX_VERSION = tuple(int(p) for p in jax.__version__.split(".")[:3] if p.isdigit())
@@ -20,6 +24,7 @@ aval_property = _hijax.aval_property
 aval_method = _hijax.aval_method
 Tracer = jax.core.Tracer
 Zero = _hijax.Zero  # symbolic-zero cotangent
+Literal = _extend_core.Literal  # a constant operand in a jaxpr (jask.ops.interpret evaluates jaxprs)
 
 
 # --- Hi-primitive base class -------------------------------------------------
@@ -68,6 +73,17 @@ else:
 UNUSED_OPS_SKIPPED_UNDER_JIT = JAX_VERSION >= (0, 12)
 
 
+def bind_equation(eqn, *args):
+    """Apply a jaxpr equation's primitive to ``args`` as ``jax.core.eval_jaxpr`` does.
+
+    jax 0.10.2: ``get_bind_params`` returns the parameters; older JAX returned
+    ``(subfuns, params)``, so both forms are accepted.
+    """
+    got = eqn.primitive.get_bind_params(eqn.params)
+    subfuns, params = got if isinstance(got, tuple) else ((), got)
+    return eqn.primitive.bind(*subfuns, *args, **params)
+
+
 def is_traced(x) -> bool:
     """True when ``x`` is a tracer (inside ``jit``/``grad``), not a concrete value."""
     return isinstance(x, Tracer)
@@ -83,7 +99,7 @@ def is_zero_cotangent(ct) -> bool:
     return isinstance(ct, Zero)
 
 
-def defer_reflected_operator(aval_type, name: str) -> None:
+def defer_reflected_operator(aval_type, name: str, reflected_name: str | None = None) -> None:
     """Make ``s <op> x`` reach ``aval_type._r<op>`` when ``s`` is a traced JAX value and ``x`` a traced hi-value.
 
     A tracer forwards ``s * x`` to ``s.aval._mul(s, x)``. JAX's ShapedArray
@@ -94,7 +110,7 @@ def defer_reflected_operator(aval_type, name: str) -> None:
     the hi-type's reflected method and leaves every other case to JAX.
     """
     original = getattr(ShapedArray, f"_{name}", None)
-    reflected = getattr(aval_type, f"_r{name}", None)
+    reflected = getattr(aval_type, reflected_name or f"_r{name}", None)
     if original is None or reflected is None:  # another JAX layout: keep its behaviour
         return
 
@@ -119,3 +135,30 @@ def unused_arguments(fn, arg_specs) -> frozenset[int]:
     except Exception:  # untraceable backward_block, or a moved private API
         return frozenset()
     return frozenset(i for i, u in enumerate(used) if not u)
+
+
+# --- Who called: JAX's own code, and which jax.numpy function ------------------
+# Only for error messages: ``jnp.asarray(disk_array)`` or ``jnp.zeros_like(disk_array)``
+# would otherwise read a DiskArray whole or build its shape in memory, silently.
+_JAX_DIR = os.path.dirname(jax.__file__) + os.sep
+
+
+def jax_caller(depth: int = 2) -> str | None:
+    """The name of the function ``depth`` frames up (2: our caller's caller) if it is JAX's own code, else None."""
+    code = sys._getframe(depth).f_code
+    return code.co_name if code.co_filename.startswith(_JAX_DIR) else None
+
+
+def jnp_function_name(default: str = "function") -> str:
+    """The ``jax.numpy`` function running on the stack: its ``fun_name`` argument, else the outermost one."""
+    frame, outermost = sys._getframe(1), None
+    numpy_dir = _JAX_DIR + os.path.join("_src", "numpy") + os.sep
+    while frame is not None:
+        if frame.f_code.co_filename.startswith(_JAX_DIR):
+            name = frame.f_locals.get("fun_name")
+            if isinstance(name, str):
+                return name
+            if frame.f_code.co_filename.startswith(numpy_dir) and not frame.f_code.co_name.startswith("_"):
+                outermost = frame.f_code.co_name
+        frame = frame.f_back
+    return outermost or default

@@ -11,6 +11,9 @@ import jax.numpy as _jnp
 
 from jask.numpy import linalg
 from jask.ops.contract import dot, einsum, matmul, tensordot  # noqa: F401
+from jask.ops.creation import (  # noqa: F401
+    broadcast_to, empty_like, full, full_like, ones, ones_like, zeros, zeros_like,
+)
 from jask.ops.indexing import concatenate, getitem as _getitem, stack  # noqa: F401
 from jask.ops.shape import expand_dims, moveaxis, reshape, squeeze, swapaxes, transpose  # noqa: F401
 from jask.ops.elementwise import (  # noqa: F401, A004
@@ -50,7 +53,6 @@ _HINTS = {
     "nanmax": "max", "nanmin": "min", "nansum": "sum with where(isnan(x), 0, x)", "nanmean": "mean",
     "average": "mean", "cumsum": "sum", "softmax": "jask.nn.softmax",
     "asarray": "jask.from_numpy", "array": "jask.from_numpy",
-    "zeros_like": "none yet; x * 0 for finite x", "ones_like": "none yet; x * 0 + 1 for finite x",
 }
 
 
