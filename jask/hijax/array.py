@@ -64,6 +64,9 @@ class DiskArrayType(compat.HiType):
     def vspace_zero(self):
         return DiskArray(node=zeros_node(self.shape, self.dtype))
 
+    # scan/fori_loop/cond carries: no shard_map manual axes
+    mat = compat.NO_MANUAL_AXES
+
     @property
     def sharding(self):
         # An AttributeError too, so JAX's own ``hasattr(aval, "sharding")`` probes still see "no sharding".
@@ -77,7 +80,12 @@ class DiskArrayType(compat.HiType):
     inc_rank = dec_rank
 
     def leading_axis_spec(self):
-        raise NotImplementedError("scanning over the leading axis of a DiskArray is not supported")
+        raise NotImplementedError(
+            "a DiskArray cannot be split or stacked along a leading axis by jax.lax.scan: neither scanned over "
+            "as xs (loop over row ranges, x[i:j], or jask.batches, in a Python loop) nor stacked per iteration, "
+            "which jax.grad through a scan/fori_loop/while_loop carrying a DiskArray needs for its residuals "
+            "(take the gradient inside the loop body, as an SGD loop does, or loop in Python with update_). "
+            "Carrying DiskArrays through a loop without differentiating the loop works")
 
 
 _zeros: dict = {}

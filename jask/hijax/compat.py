@@ -24,6 +24,9 @@ aval_property = _hijax.aval_property
 aval_method = _hijax.aval_method
 Tracer = jax.core.Tracer
 Zero = _hijax.Zero  # symbolic-zero cotangent
+# jax 0.10.2: scan and cond compare their carries' manual-axis types (``aval.mat``, shard_map's
+# varying axes) while type-checking; a hi-type carry needs one, and a DiskArray varies along none.
+from jax._src.core import empty_mat as NO_MANUAL_AXES  # noqa: E402
 Literal = _extend_core.Literal  # a constant operand in a jaxpr (jask.ops.interpret evaluates jaxprs)
 
 
