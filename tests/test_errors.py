@@ -214,12 +214,6 @@ def test_unsupported_operators(small_tiles):
         pickle.dumps(a)
 
 
-@pytest.mark.parametrize("shape", [(0,), (0, 3), (4, 0, 2)])
-def test_from_numpy_empty(shape):
-    with pytest.raises(ValueError, match=re.escape(f"shape {shape} has a zero-size dimension")):
-        jask.from_numpy(np.zeros(shape, np.float32))
-
-
 @pytest.mark.parametrize("data", [np.array(["a", "b"]), np.array([object(), object()]),
                                   np.ones(3, np.complex64), np.array([b"x"])],
                          ids=["str", "object", "complex", "bytes"])
@@ -587,6 +581,5 @@ def test_grad_of_materialize_under_jit(small_tiles):
     A = _rand((5, 7))
     a = jask.from_numpy(A)
     f = lambda a: jnp.sum(jask.materialize(a) ** 2)
-    np.testing.assert_allclose(np.asarray(jax.grad(f)(a)), 2 * A, rtol=1e-5)  # eagerly it works
-    with pytest.raises(NotImplementedError, match="materialize under jit"):
-        jax.jit(jax.grad(f))(a)
+    np.testing.assert_allclose(np.asarray(jax.grad(f)(a)), 2 * A, rtol=1e-5)
+    np.testing.assert_allclose(np.asarray(jax.jit(jax.grad(f))(a)), 2 * A, rtol=1e-5)

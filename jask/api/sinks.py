@@ -24,6 +24,8 @@ def to_numpy(x: DiskArray) -> np.ndarray:
     _require("np.asarray", x)
     if compat.is_traced(x) or x._node is None:
         raise TypeError("cannot convert a traced DiskArray to NumPy inside jit; use jask.materialize")
+    if x.size == 0:
+        return np.zeros(x.shape, x.dtype)
     runtime.safe_point()
     (out,) = run([x._node], lambda node, tile: MemorySink(node, tile))
     return np.asarray(out)

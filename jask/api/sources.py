@@ -9,7 +9,7 @@ import numpy as np
 from jask.exec.sinks import store_numpy
 from jask.graph.nodes import StoredNode
 from jask.graph.tiling import block_shape
-from jask.hijax.array import DiskArray
+from jask.hijax.array import DiskArray, zeros_node
 from jask.io import dtypes
 from jask.io.store import open_existing
 from jask.plan.tiling import default_tile
@@ -17,7 +17,7 @@ from jask.plan.tiling import default_tile
 SUPPORTED_KINDS = "fiub"
 
 
-def check_array_facts(name, shape, dtype):
+def check_array_facts(name, shape, dtype, allow_empty: bool = False):
     """Refuse dtypes and shapes jask cannot tile, naming what is wrong."""
     dtype = np.dtype(dtype)
     if dtype.kind not in SUPPORTED_KINDS and not dtypes.is_stored_by_view(dtype):
@@ -27,8 +27,9 @@ def check_array_facts(name, shape, dtype):
         raise TypeError(f"{name}: dtype {dtype} needs 64-bit JAX, which is off, so tiles would be "
                         "computed in 32 bits; call jax.config.update('jax_enable_x64', True) first, "
                         "or convert the data to a 32-bit dtype")
-    if any(d == 0 for d in shape):
-        raise ValueError(f"{name}: shape {tuple(shape)} has a zero-size dimension; jask arrays cannot be empty")
+    if any(d == 0 for d in shape) and not allow_empty:
+        raise ValueError(f"{name}: shape {tuple(shape)} has a zero-size dimension; an empty Zarr array is not "
+                         "opened (it has no data to stream): jask.from_numpy(np.zeros(shape)) gives an empty DiskArray")
 
 
 def from_numpy(arr, chunks=None) -> DiskArray:
@@ -50,7 +51,9 @@ def from_numpy(arr, chunks=None) -> DiskArray:
         dtype = np.dtype(jax.dtypes.canonicalize_dtype(a.dtype))
     else:
         dtype = a.dtype
-    check_array_facts("from_numpy", a.shape, dtype)
+    check_array_facts("from_numpy", a.shape, dtype, allow_empty=True)
+    if a.size == 0:     # no values to store: the storage-free zero node of that shape is exact
+        return DiskArray(node=zeros_node(a.shape, dtype))
     if chunks is None:
         chunks = block_shape(a.shape, default_tile(a.shape, dtype.itemsize))
     chunks = tuple(int(c) for c in chunks)

@@ -43,7 +43,7 @@ import numpy as np
 from jask.graph.nodes import OpSpec, StoredNode
 from jask.graph.op import BlockParallelOp, CustomOp, _Op
 from jask.hijax import compat, runtime
-from jask.hijax.array import DiskArray, is_disk_array, type_of
+from jask.hijax.array import DiskArray, is_disk_array, type_of, zeros_node
 from jask.hijax.primitives import OpPrimitive, call_time_op, output_type
 
 
@@ -124,6 +124,24 @@ def _check_alive(name, node):
         raise FileNotFoundError(f"{name}: the Zarr store {r.store.path} backing an input was deleted")
 
 
+def empty_result(name, cls, out):
+    """An op's result when an input is empty (a 0-size axis), computed without running anything.
+
+    An empty result is the storage-free zero node of its shape. A non-empty one
+    (a sum over an empty axis) is the op's identity ``cls.empty_value``, which
+    must be 0; ops without one (max) refuse, as jnp does. Nothing depends on the
+    inputs' values, so the gradient is the zero (empty) gradient.
+    """
+    if out.size == 0:
+        return DiskArray(node=zeros_node(out.shape, out.dtype))
+    value = getattr(cls, "empty_value", None)
+    if value is None:
+        raise ValueError(f"{name} of an empty array has no identity: its result of shape {out.shape} has no value")
+    if out.shape == ():
+        return jax.numpy.full((), value, out.dtype)
+    return DiskArray(node=zeros_node(out.shape, out.dtype))
+
+
 def make_op(cls, doc: str | None = None, name: str | None = None):
     """Turn a :class:`BlockParallelOp` subclass into a public function.
 
@@ -147,6 +165,8 @@ def make_op(cls, doc: str | None = None, name: str | None = None):
         spec = OpSpec(cls, tuple(sorted((k, freeze(v)) for k, v in kwargs.items())), op_name)
         types = [_input_type(x) for x in inputs]
         out = output_type(spec, call_time_op(spec, types), types)
+        if any(t.size == 0 for t in types) or out.size == 0:
+            return empty_result(op_name, cls, out)
         return OpPrimitive(spec, types, out)(*inputs)
 
     op.__name__ = op.__qualname__ = op_name

@@ -29,7 +29,8 @@ def call_time_op(spec: OpSpec, types):
     """Build the op for the default tiling, to validate inputs and learn the output shape."""
     biggest = max(types, key=lambda t: t.size)
     tile = default_tile(biggest.shape, biggest.dtype.itemsize)
-    return spec.build([TiledInput(t.shape, t.dtype, block_shape(t.shape, tile)) for t in types])
+    blocks = [tuple(max(b, 1) for b in block_shape(t.shape, tile)) for t in types]   # an empty axis: one block
+    return spec.build([TiledInput(t.shape, t.dtype, b) for t, b in zip(types, blocks)])
 
 
 def output_type(spec: OpSpec, op, types):

@@ -9,14 +9,25 @@ from jask.exec.driver import run, store_with_next_run
 from jask.exec.sinks import MemorySink, store_numpy
 from jask.graph.tiling import block_shape
 from jask.hijax import compat, runtime
-from jask.hijax.array import DiskArray
+from jask.hijax.array import DiskArray, zeros_node
 from jask.plan.tiling import default_tile
 
 
 @dataclasses.dataclass(frozen=True)
 class _ToMemory:
     def __call__(self, node):
+        if 0 in node.shape:     # empty: nothing to compute
+            return (np.zeros(node.shape, node.dtype),)
         return run([node], lambda n, tile: MemorySink(n, tile))
+
+
+@dataclasses.dataclass(frozen=True)
+class _FromMemory:
+    """The gradient of ``materialize``: an in-memory cotangent (the size the user materialized) stored."""
+
+    def __call__(self, g):
+        g = np.asarray(g)
+        return (store_numpy(g, block_shape(g.shape, default_tile(g.shape, g.dtype.itemsize))),)
 
 
 class MaterializePrimitive(compat.HiPrimitive):
@@ -36,10 +47,26 @@ class MaterializePrimitive(compat.HiPrimitive):
         return self(x), None
 
     def vjp_bwd_retval(self, res, g):
-        if compat.is_traced(g):
-            raise NotImplementedError("the gradient of jask.materialize under jit is not supported")
-        g = np.asarray(g)
-        return (DiskArray(node=store_numpy(g, block_shape(g.shape, default_tile(g.shape, g.dtype.itemsize)))),)
+        if 0 in g.shape:
+            return (DiskArray(node=zeros_node(g.shape, g.dtype)),)
+        return (FromMemoryPrimitive(self.in_avals[0])(g),)
+
+
+class FromMemoryPrimitive(compat.HiPrimitive):
+    """An in-memory array stored as a DiskArray, under jit too: the backward pass of ``materialize``."""
+
+    def __init__(self, out_type):
+        self.in_avals = (compat.ShapedArray(out_type.shape, out_type.dtype),)
+        self.out_aval = out_type
+        self.params = dict(signature=out_type)
+        super().__init__()
+
+    def expand(self, g):
+        (out,) = runtime.host_call(_FromMemory(), (self.out_aval,), [g], [False])
+        return out
+
+    def vjp_fwd(self, nzs, g):
+        raise NotImplementedError("second-order gradients through jask.materialize are not supported")
 
 
 @dataclasses.dataclass(frozen=True)

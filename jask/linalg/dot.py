@@ -31,6 +31,8 @@ def matmul_shape(a_shape, b_shape):
 class Dot(BlockParallelOp):
     """``a @ b``: output tile (batch..., i, j) sums the products over the K contraction blocks."""
 
+    empty_value = 0     # a contraction over an empty axis is all zeros, as in jnp
+
     def __init__(self, a_shape=(), b_shape=(), k_blocks=1):
         self.a_shape, self.b_shape, self.k_blocks = a_shape, b_shape, k_blocks
 

@@ -188,9 +188,6 @@ def _key_parts(key, shape):
                                               "supported; use Python ints (static under jit)")
             start, stop, step = k.indices(n)
             size = len(range(start, stop, step))
-            if size == 0:
-                raise ValueError(f"the slice {k} of axis {axis} (size {n}, shape {shape}) is empty; "
-                                 "jask arrays cannot be empty")
             parts.append((start, step, size, True))
             out_shape.append(size)
         else:
@@ -252,6 +249,8 @@ def concatenate(arrays, axis=0, dtype=None):
     out_dtype = np.dtype(dtype) if dtype is not None else np.dtype(jnp.result_type(*[type_of(a).dtype
                                                                                     for a in arrays]))
     total, before, out = sum(s[axis] for s in shapes), 0, None
+    if total and any(s[axis] == 0 for s in shapes):   # empty pieces add nothing
+        arrays, shapes = zip(*[(a, s) for a, s in zip(arrays, shapes) if s[axis]])
     for a, s in zip(arrays, shapes):
         piece = pad_axis(ew.astype(a, out_dtype) if type_of(a).dtype != out_dtype else a,
                          axis, before, total - before - s[axis])

@@ -100,6 +100,8 @@ class Reduce(BlockParallelOp):
 class Sum(Reduce):
     """Sum over the axes."""
 
+    empty_value = 0     # a sum over an empty axis, as in jnp
+
 
 class Max(Reduce):
     """Maximum; references ``(max, count of maxima)``: the gradient goes to the maxima, split among ties."""
@@ -204,6 +206,8 @@ def prod(a, axis=None, dtype=None, out=None, keepdims=False, initial=None, where
     _check("prod", a, where, initial, out)
     if dtype is not None:
         a = ew.astype(a, dtype)
+    if type_of(a).size == 0:                     # the empty product: ones (of the reduced shape)
+        return ew.add(_sum(a, axis=axis, keepdims=keepdims), 1)
     nonzero = ew.stop_gradient(_prod(ew.where(ew.equal(a, 0), 1, a), axis=axis, keepdims=True))
     zeros = _sum(ew.equal(a, 0), axis=axis, keepdims=True)
     return _prod(a, nonzero, zeros, axis=axis, keepdims=keepdims)
