@@ -73,6 +73,8 @@ def _scalar(value):
 
 _W73 = np.random.default_rng(73).standard_normal((7, 3)).astype(np.float32)   # in-memory weights and bias
 _B3 = jnp.asarray([0.5, -1.0, 2.0], jnp.float32)
+_IDX9 = np.array([8, 0, 3, 3, -1, 5, 1, 4, 2, 7, 6])             # repeats, a negative index, every input tile
+_MASK7 = np.array([True, False, True, True, False, False, True])
 
 OPS = [
     # elementwise
@@ -156,6 +158,15 @@ OPS = [
                  lambda a, b: jnp.concatenate([b, a], axis=-1), id="np_concatenate_axis1"),
     pytest.param((_mat((5, 7)), _mat((5, 7))), lambda a, b: knp.stack([a, b], axis=1),
                  lambda a, b: jnp.stack([a, b], axis=1), id="np_stack"),
+    # advanced indexing along one axis, broadcast_to, arrays made like another
+    pytest.param((_mat((9, 7)),), lambda a: a[_IDX9], lambda a: a[_IDX9], id="getitem_int_array"),
+    pytest.param((_mat((5, 7)),), lambda a: a[:, _MASK7] * 2.0, lambda a: a[:, _MASK7] * 2.0, id="getitem_bool_mask"),
+    pytest.param((_mat((6, 5, 7)),), lambda a: knp.take(a, _IDX9 % 5, axis=-2), lambda a: jnp.take(a, _IDX9 % 5, axis=-2),
+                 id="np_take_axis"),
+    pytest.param((_mat((7,)),), lambda a: knp.broadcast_to(a, (5, 7)) * knp.broadcast_to(a[:5, None], (5, 7)),
+                 lambda a: jnp.broadcast_to(a, (5, 7)) * jnp.broadcast_to(a[:5, None], (5, 7)), id="np_broadcast_to"),
+    pytest.param((_mat((5, 7)),), lambda a: a * knp.full_like(a, 3.0) + knp.ones_like(a) - knp.zeros_like(a),
+                 lambda a: a * jnp.full_like(a, 3.0) + jnp.ones_like(a) - jnp.zeros_like(a), id="np_like"),
     # contractions with in-memory operands, einsum
     pytest.param((_mat((5, 7)),), lambda x: x @ _W73 + _B3, lambda x: x @ _W73 + _B3, id="np_matmul_inmemory_weight"),
     pytest.param((_mat((5, 7)), _mat((7, 6))), lambda a, b: knp.einsum("ij,jk->ik", a, b),

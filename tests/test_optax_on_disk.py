@@ -154,3 +154,16 @@ def test_on_disk_unsupported_primitive_is_named():
     x = jask.from_numpy(np.ones((4, 6), np.float32))
     with pytest.raises(NotImplementedError, match="primitive 'cumsum'.*jask.numpy"):
         jask.on_disk(lambda x: jnp.cumsum(x, axis=0))(x)
+
+
+def test_jax_values_on_the_left_still_reach_disk_array_operators():
+    """The refusal above is for jnp functions only: ``jnp.float32(3) * x`` and ``s < x`` (s traced) still work."""
+    A = np.arange(12, dtype=np.float32).reshape(3, 4) - 5
+
+    def f(x, s, astype):
+        return jnp.float32(3) * x + astype(s < x) + astype(jnp.float32(0.5) >= x) + astype(s == x)
+
+    got = jax.jit(f, static_argnums=2)(jask.from_numpy(A), jnp.float32(1.0), lambda b: b.astype(np.float32))
+    np.testing.assert_array_equal(np.asarray(got), f(A, np.float32(1.0), lambda b: b.astype(np.float32)))
+    g = jax.grad(lambda x: jask.numpy.sum(jnp.float32(3) * x))(jask.from_numpy(A))
+    np.testing.assert_array_equal(np.asarray(g), np.full_like(A, 3))

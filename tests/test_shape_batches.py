@@ -29,8 +29,16 @@ def test_bad_indices_are_refused_before_reading(small_tiles):
             a[5]
         with pytest.raises(IndexError, match="too many indices"):
             a[1, 2, 3]
-        with pytest.raises(NotImplementedError, match="advanced indexing.*jask.batches"):
-            a[np.array([0, 2])]
+        with pytest.raises(NotImplementedError, match="one 1-D integer or boolean array index.*jask.batches"):
+            a[np.array([0, 2]), 1]
+        with pytest.raises(NotImplementedError, match="one 1-D integer or boolean array index"):
+            a[np.array([[0, 2]])]
+        with pytest.raises(IndexError, match="index 5 is out of bounds for an axis of size 5"):
+            a[np.array([0, 5])]
+        with pytest.raises(IndexError, match=r"boolean index along an axis of size 7 must have shape \(7,\)"):
+            a[:, np.array([True, False])]
+        with pytest.raises(NotImplementedError, match="traced indices"):
+            jax.jit(lambda a, i: a[i])(a, jnp.array([0, 1]))
         with pytest.raises(ValueError, match=r"cannot reshape array of shape \(5, 7\)"):
             a.reshape(6, 6)
         with pytest.raises(ValueError, match=r"regroups axes of sizes \(5, 7\) into \(35,\).*tile edge here is 4"):
@@ -96,3 +104,15 @@ def test_batches_read_only_their_rows_and_compile_once(small_tiles):
     orders = [[int(b[0]) for b in jask.batches(ys, batch_size=6, shuffle=3, epoch=e)] for e in range(3)]
     assert len({tuple(o) for o in orders}) > 1
     assert [int(b[-1]) for b in jask.batches(ys, batch_size=6, drop_last=False)] == [5, 11, 17, 19]
+
+
+def test_index_array_from_disk_and_reads_only_the_tiles_it_needs(small_tiles):
+    A = _arr((32, 4))
+    a = jask.from_numpy(A)
+    idx = np.array([5, 4, 6, 5])
+    np.testing.assert_array_equal(np.asarray(a[jask.from_numpy(idx)]), A[idx])
+    a = jask.from_numpy(A)
+    with jask.profile() as p:
+        got = np.asarray(a[idx])
+    np.testing.assert_array_equal(got, A[idx])
+    assert p.bytes_read < A.nbytes / 4      # one row tile of A (and the small index columns), not all of A

@@ -44,9 +44,21 @@ def jnp_refusal(name: str) -> TypeError:
         "np.asarray(x) or jask.materialize(x) read a small array into memory on purpose")
 
 
-def _jax_array(self):
-    """Reached only from ``jax.numpy`` functions (its arraylike check): refuse, naming the function."""
+# the jnp and lax functions that convert an argument to an array (where a DiskArray must be refused)
+JNP_CONVERSIONS = ("_arraylike", "_arraylike_asarray", "_check_jax_array_protocol", "_convert_element_type")
+
+
+def _refuse_jnp(tracer):
     raise jnp_refusal(compat.jnp_function_name())
+
+
+def _jax_array_probe(aval):
+    """A traced DiskArray's ``__jax_array__``, read by jnp functions' arraylike check: a conversion that refuses.
+
+    A jax array's operators read it too (``jnp.float32(3) * x`` asks whether to
+    convert ``x``); for them there is none, so Python reaches DiskArray's reflected operator.
+    """
+    return compat.aval_method(_refuse_jnp) if compat.called_by_jax(JNP_CONVERSIONS) else None
 
 
 def _sharding(self):
@@ -121,7 +133,7 @@ def install() -> None:
     DiskArray.__array__ = _array
     DiskArray.sharding = property(_sharding)
     DiskArrayType.sharding = property(_traced_sharding)
-    DiskArrayType.__jax_array__ = compat.aval_method(_jax_array)
+    DiskArrayType.__jax_array__ = property(_jax_array_probe)
     for name in ("real", "conj", "conjugate"):   # jask stores no complex dtypes: the array itself
         setattr(DiskArray, name, property(lambda self: self) if name == "real" else (lambda self: self))
     DiskArray.imag = property(jnp_disk.zeros_like)

@@ -152,6 +152,18 @@ def jax_caller(depth: int = 2) -> str | None:
     return code.co_name if code.co_filename.startswith(_JAX_DIR) else None
 
 
+def called_by_jax(names, frames: int = 4) -> bool:
+    """True when a JAX function named in ``names`` is among the next ``frames`` callers up the stack."""
+    frame = sys._getframe(2)
+    for _ in range(frames):
+        if frame is None:
+            return False
+        if frame.f_code.co_name in names and frame.f_code.co_filename.startswith(_JAX_DIR):
+            return True
+        frame = frame.f_back
+    return False
+
+
 def jnp_function_name(default: str = "function") -> str:
     """The ``jax.numpy`` function running on the stack: its ``fun_name`` argument, else the outermost one."""
     frame, outermost = sys._getframe(1), None

@@ -14,6 +14,7 @@ from jask.ops.contract import dot, einsum, matmul, tensordot  # noqa: F401
 from jask.ops.creation import (  # noqa: F401
     broadcast_to, empty_like, full, full_like, ones, ones_like, zeros, zeros_like,
 )
+from jask.ops.gather import take  # noqa: F401
 from jask.ops.indexing import concatenate, getitem as _getitem, stack  # noqa: F401
 from jask.ops.shape import expand_dims, moveaxis, reshape, squeeze, swapaxes, transpose  # noqa: F401
 from jask.ops.elementwise import (  # noqa: F401, A004
@@ -49,7 +50,7 @@ def _transpose_method(a, *axes):
 
 _HINTS = {
     "vdot": "sum(multiply(a, b))", "inner": "einsum", "outer": "einsum('i,j->ij', a, b)",
-    "ravel": "reshape", "hstack": "concatenate", "vstack": "concatenate", "take": "slicing, or jask.batches",
+    "ravel": "reshape", "hstack": "concatenate", "vstack": "concatenate",
     "nanmax": "max", "nanmin": "min", "nansum": "sum with where(isnan(x), 0, x)", "nanmean": "mean",
     "average": "mean", "cumsum": "sum", "softmax": "jask.nn.softmax",
     "asarray": "jask.from_numpy", "array": "jask.from_numpy",

@@ -163,9 +163,9 @@ def _key_parts(key, shape):
         if not (k is None or k is Ellipsis or isinstance(k, slice) or isinstance(k, (int, np.integer))
                 or is_traced(k) and np.shape(k) == ()):
             raise NotImplementedError(
-                f"DiskArray indexing supports ints, slices, None and ...; got {type(k).__name__} for an array "
-                f"of shape {shape} (advanced indexing); for rows of a dataset use jask.batches, "
-                "for a mask use jask.numpy.where")
+                f"DiskArray indexing supports ints, slices, None, ... and one 1-D integer or boolean array; got "
+                f"{type(k).__name__} for an array of shape {shape}; for rows of a dataset use jask.batches, "
+                "for an elementwise mask use jask.numpy.where")
     if sum(k is Ellipsis for k in key) > 1:
         raise IndexError("an index can only have a single ellipsis ('...')")
     used = sum(k is not None and k is not Ellipsis for k in key)
@@ -197,8 +197,10 @@ def _key_parts(key, shape):
 
 
 def getitem(x, key):
-    """``x[key]`` for basic indices (ints, slices with steps, ``None``, ``...``), tiled, with gradients."""
-    from jask.ops import shape as shp
+    """``x[key]``: basic indices (ints, slices with steps, ``None``, ``...``) or one index array, with gradients."""
+    from jask.ops import gather, shape as shp
+    if any(gather.is_array_index(k) and np.shape(k) != () for k in (key if isinstance(key, tuple) else (key,))):
+        return gather.getitem_array(x, key)            # an integer or boolean array along one axis
     t = type_of(x)
     parts, out_shape = _key_parts(key, t.shape)
     sliced = strided(x, [p[0] for p in parts], [p[1] for p in parts], [p[2] for p in parts], name="getitem")
