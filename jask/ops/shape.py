@@ -6,9 +6,10 @@ equals a run of output axes. Size-1 axes can be added or dropped anywhere
 tiles through. A group that really merges or splits axes, as flattening
 ``(n, 28, 28)`` to ``(n, 784)`` does, is regrouped inside one tile, so all its
 axes must fit in one tile (size <= the plan's tile edge) on both sides; then
-each output tile is one input tile reshaped. Other reshapes would need a
-rechunking pass and are refused before any data is read, with the sizes and
-what to do instead.
+each output tile is one input tile reshaped. Other reshapes gather each output
+tile from the input tiles it spans (:mod:`jask.ops.regroup`), chosen when the
+regrouped axes exceed the default tile edge; if a plan's tile turns out smaller
+than that edge, the tile-by-tile path refuses with the sizes and what to do.
 """
 from __future__ import annotations
 
@@ -22,6 +23,8 @@ from jask.hijax.array import DiskArray, is_disk_array, type_of, zeros_node
 from jask.hijax.make_op import make_op
 from jask.linalg.transpose import transpose as _transpose_op
 from jask.ops.reductions import normalize_axis
+from jask.ops.regroup import regroup
+from jask.plan.tiling import default_tile
 
 
 def _groups(in_shape, out_shape):
@@ -130,7 +133,12 @@ def reshape(a, shape=None, order="C", *, newshape=None):
     if shape == ():
         from jask.ops.reductions import sum as _sum
         return _sum(a)
-    regrouped = {o for gin, gout in _groups(t.shape, shape) if len(gin) + len(gout) > 2 for o in gout}
+    groups = _groups(t.shape, shape)
+    tile = default_tile(t.shape, t.dtype.itemsize)
+    if any(len(gin) + len(gout) > 2 and max(t.shape[a] for a in gin) > tile or max(shape[a] for a in gout) > tile
+           for gin, gout in groups):
+        return regroup(a, t.shape, shape, groups)      # regrouped axes span tiles: gather across them
+    regrouped = {o for gin, gout in groups if len(gin) + len(gout) > 2 for o in gout}
     witness = DiskArray(node=zeros_node(tuple(d if k in regrouped else 1 for k, d in enumerate(shape)), np.bool_))
     return _reshape(a, witness, out_shape=shape)
 

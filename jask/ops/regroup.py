@@ -1,0 +1,123 @@
+"""Reshapes whose regrouped axes do not fit in one tile: each output tile gathers from the input tiles it spans.
+
+A row-major reshape splits into groups of axes (see :mod:`jask.ops.shape`).
+Within a group, an output element's position along the group's output axes
+gives its offset in the group (mixed radix), and that offset gives its
+position along the group's input axes. So each output tile lists, as its
+entries, every input tile its elements come from (planned on the host by
+enumerating the tile's offsets), and each entry takes the elements that fall
+in its tile, zeros elsewhere; ``combine`` sums them. Where a tile starts is
+read from int32 iotas of row numbers, one per input and output axis (the
+trick of :mod:`jask.ops.indexing`). The gradient is ``jax.vjp`` of the same
+gather. No array is held whole: a window holds the output tiles it computes
+and the input tiles they read, within the budget like any op.
+"""
+from __future__ import annotations
+
+import itertools
+import math
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from jask.api.sources import from_numpy
+from jask.graph.op import BlockParallelOp
+from jask.hijax.make_op import make_op
+
+INT32_LIMIT = 2**31 - 1
+
+
+def _iota(n, axis, ndim):
+    return from_numpy(np.arange(n, dtype=np.int32).reshape([n if a == axis else 1 for a in range(ndim)]))
+
+
+class Regroup(BlockParallelOp):
+    """Row-major reshape by gathering; inputs ``(x, *row iotas of x's axes, *row iotas of the output's axes)``.
+
+    The iotas are int32, so they get no gradient.
+    """
+
+    def __init__(self, in_shape, out_shape, groups, in_block=(), out_block=()):
+        self.in_shape, self.out_shape, self.groups = tuple(in_shape), tuple(out_shape), tuple(groups)
+        self.in_block, self.out_block = tuple(in_block), tuple(out_block)
+
+    @classmethod
+    def from_inputs(cls, x, *iotas, out_shape, groups):
+        outs = iotas[x.ndim:]
+        return cls(x.shape, out_shape, groups, x.block_shape, tuple(o.block_shape[k] for k, o in enumerate(outs)))
+
+    def _group_tiles(self, gin, gout, out_idx):
+        """Input tile coordinates along ``gin`` that output tile ``out_idx`` reads (unique rows)."""
+        flat = np.zeros((), np.int64)
+        for k in gout:
+            lo = out_idx[k] * self.out_block[k]
+            rows = np.arange(lo, min(lo + self.out_block[k], self.out_shape[k]), dtype=np.int64)
+            flat = (flat[..., None] * self.out_shape[k] + rows).reshape(-1)
+        coords = []
+        for k in reversed(gin):
+            coords.append((flat % self.in_shape[k]) // self.in_block[k])
+            flat = flat // self.in_shape[k]
+        return np.unique(np.stack(coords[::-1], axis=-1), axis=0)
+
+    def index_map(self, out_idx):
+        nin, nout = len(self.in_shape), len(self.out_shape)
+        per_group = [(gin, self._group_tiles(gin, gout, out_idx)) for gin, gout in self.groups]
+        out_iotas = tuple(tuple(out_idx[k] if a == k else 0 for a in range(nout)) for k in range(nout))
+        entries = []
+        for combo in itertools.product(*[tiles for _, tiles in per_group]):
+            idx = [0] * nin
+            for (gin, _), row in zip(per_group, combo):
+                for k, c in zip(gin, row):
+                    idx[k] = int(c)
+            in_iotas = tuple(tuple(idx[k] if a == k else 0 for a in range(nin)) for k in range(nin))
+            entries.append((tuple(idx),) + in_iotas + out_iotas)
+        return entries
+
+    def forward_block(self, x, *iotas):
+        nin, nout = len(self.in_shape), len(self.out_shape)
+        starts = [i.reshape(-1)[0] for i in iotas[:nin]]
+        rows = [o.reshape([-1 if a == k else 1 for a in range(nout)]) for k, o in enumerate(iotas[nin:])]
+        tile = tuple(int(o.size) for o in iotas[nin:])
+        local, valid = [jnp.zeros((), jnp.int32)] * nin, jnp.ones((), bool)
+        for gin, gout in self.groups:
+            flat = jnp.zeros((), jnp.int32)
+            for k in gout:
+                flat = flat * self.out_shape[k] + rows[k]
+            for k in reversed(gin):
+                offset = flat % self.in_shape[k] - starts[k]
+                flat = flat // self.in_shape[k]
+                valid = valid & (offset >= 0) & (offset < x.shape[k])
+                local[k] = jnp.clip(offset, 0, x.shape[k] - 1)
+        taken = x[tuple(jnp.broadcast_to(v, tile) for v in local)]
+        return jnp.where(jnp.broadcast_to(valid, tile), taken, jnp.zeros((), x.dtype))
+
+    def combine(self, acc, partial):
+        return acc + partial
+
+    def backward_block(self, d_out_block, x, *iotas):
+        _, vjp = jax.vjp(lambda x: self.forward_block(x, *iotas), x)
+        (dx,) = vjp(d_out_block.astype(x.dtype))
+        return (dx,) + tuple(jnp.zeros_like(i) for i in iotas)
+
+    def output_shape(self, *shapes):
+        return self.out_shape
+
+    def output_dtype(self, x_dtype, *_):
+        return x_dtype
+
+
+_regroup = make_op(Regroup, name="reshape")
+
+
+def regroup(a, in_shape, out_shape, groups):
+    """``a`` reshaped to ``out_shape`` by gathering (any row-major reshape); ``groups`` from ``shape._groups``."""
+    for gin, gout in groups:
+        if math.prod(out_shape[k] for k in gout) > INT32_LIMIT:
+            raise NotImplementedError(
+                f"reshape from {tuple(in_shape)} to {tuple(out_shape)} regroups "
+                f"{math.prod(out_shape[k] for k in gout)} elements at once, more than int32 offsets reach; "
+                "reshape in steps that regroup fewer elements")
+    iotas = [_iota(n, k, len(in_shape)) for k, n in enumerate(in_shape)]
+    iotas += [_iota(n, k, len(out_shape)) for k, n in enumerate(out_shape)]
+    return _regroup(a, *iotas, out_shape=tuple(out_shape), groups=tuple(groups))
