@@ -9,6 +9,9 @@ deferred to the pass that next runs (the parameter update, which reads them):
 that one pass reads the parameters, the gradient's inputs and the old moments
 once and writes new parameters and moments, and the next step reads the
 stored moments instead of recomputing a growing chain.
+
+:func:`on_disk` runs any stock optax transformation instead (optax's own code,
+each jnp primitive on a DiskArray a lazy op; see :mod:`jask.ops.interpret`).
 """
 from __future__ import annotations
 
