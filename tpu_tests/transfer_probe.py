@@ -66,6 +66,7 @@ def main():
     import jax.numpy as jnp
 
     import jask
+    from jask.io.buffers import shared_pool
     os.makedirs(args.scratch, exist_ok=True)
     path, rows = build(os.path.join(args.scratch, "X.zarr"), args.gib)
     nbytes = rows * COLS * 4
@@ -94,13 +95,15 @@ def main():
         jask.config.update("device", d)
         float(jask.sum(X))   # compiles
         for _ in range(2):
+            before = shared_pool.allocated
             with jask.profile() as p:
                 t0 = time.perf_counter()
                 got = float(jask.sum(X))
                 sec = time.perf_counter() - t0
             _rate(f"jask.sum compute on {name}", sec, nbytes)
             print(f"  io_wait {p.io_wait_seconds:.3f} s, io {p.io_seconds:.3f} s, kernel calls {p.kernel_calls}, "
-                  f"windows {p.windows}, value {got:.6g}", flush=True)
+                  f"windows {p.windows}, read buffers allocated {shared_pool.allocated - before}, "
+                  f"value {got:.6g}", flush=True)
     jask.config.update("device", None)
 
     w = jask.from_numpy(np.full((COLS, 1), 0.01, np.float32))
