@@ -378,6 +378,7 @@ def reader_for(store) -> TileReader:
     """The :class:`TileReader` of ``store``, kept (with its shard indexes) as long as the store lives."""
     r = _readers.get(store)
     if r is None or r.path != store.path or r.array is not store.array:
-        r = TileReader(store)
+        make = getattr(store, "make_reader", None)   # a remote store reads through zarr (jask.io.remote)
+        r = make() if make is not None else TileReader(store)
         _readers[store] = r
     return r
