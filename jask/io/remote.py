@@ -2,9 +2,10 @@
 
 Local paths (and ``file://`` URLs) keep :mod:`jask.io.store` and the direct
 reader; :func:`open_store` and :func:`new_pending` send everything else here.
-Bytes move through zarr's :class:`~zarr.storage.FsspecStore` (s3fs, gcsfs,
-fsspec's memory filesystem), whose ``storage_options`` are the ones s3fs and
-gcsfs take (``key``, ``secret``, ``endpoint_url``, ``client_kwargs``, ...).
+Bytes move through zarr's own stores (:mod:`jask.io.backends` picks
+ObjectStore over obstore for s3://, else FsspecStore over s3fs, gcsfs or
+fsspec's memory filesystem); ``storage_options`` are the ones s3fs and gcsfs
+take (``key``, ``secret``, ``endpoint_url``, ``client_kwargs``, ...).
 
 Object stores cannot rename, so a commit is one small object written last
 (:mod:`jask.io.versions` has the layout): every write goes to a fresh version
@@ -23,7 +24,7 @@ import numpy as np
 import zarr
 from zarr.core.buffer.cpu import NDBuffer
 
-from jask.io import dtypes, faults, versions
+from jask.io import backends, dtypes, faults, versions
 from jask.io.layout import describe_region
 from jask.io.reader import CorruptChunkError, MissingChunkError, TileReadError, aligned_empty
 from jask.io.store import PendingStore, Store, check_shards, describe_array, open_existing
@@ -37,12 +38,12 @@ def open_store(path_or_url, mode: str, storage_options=None) -> Store:
     where = parse(path_or_url, "from_zarr")
     if not isinstance(where, Location):
         return open_existing(where, mode)
-    root = versions.zarr_store(where, storage_options, "from_zarr")
+    root = backends.zarr_store(where, storage_options, "from_zarr")
     current = versions.read_pointer(root, where, "from_zarr")
     if current is None:
         raise FileNotFoundError(f"from_zarr: no Zarr array at {where.url}")
     try:
-        array = versions.open_version(root, current, mode)
+        array = versions.open_version(root, current, mode, where.url)
     except (RemoteStoreError, FileNotFoundError):
         raise
     except Exception as e:  # zarr raises several types for malformed metadata
@@ -65,7 +66,7 @@ def exists(path_or_url, storage_options=None, what: str = "to_zarr") -> bool:
     where = parse(path_or_url, what)
     if not isinstance(where, Location):
         return os.path.exists(where)
-    root = versions.zarr_store(where, storage_options, what)
+    root = backends.zarr_store(where, storage_options, what)
     return versions.read_pointer(root, where, what) is not None
 
 
@@ -144,7 +145,7 @@ class RemotePendingStore:
         self.storage_options = storage_options
         self.what = describe_array(shape, dtype, self.final_path)
         self._call = what
-        self._root = versions.zarr_store(location, storage_options, what)
+        self._root = backends.zarr_store(location, storage_options, what)
         versions.read_pointer(self._root, location, what)     # access and bucket checks, nothing written yet
         shards = None if shards is None else tuple(int(s) for s in shards)
         if shards is not None:
@@ -153,7 +154,7 @@ class RemotePendingStore:
         self._finalizer = weakref.finalize(self, versions.remove_prefix, self._root, self.version)
         try:
             self.array = zarr.create_array(
-                versions.version_store(self._root, self.version), shape=tuple(shape), dtype=dtypes.storage_dtype(dtype),
+                backends.version_store(self._root, self.version), shape=tuple(shape), dtype=dtypes.storage_dtype(dtype),
                 chunks=tuple(chunks), shards=shards, compressors=compressors, fill_value=0, zarr_format=3,
                 config={"write_empty_chunks": True},
                 attributes={"jask": {"dense": True, **dtypes.dtype_attributes(dtype)}})
@@ -162,7 +163,7 @@ class RemotePendingStore:
         except BaseException as e:
             self._finalizer()
             if isinstance(e, Exception):
-                raise versions.named_error(e, f"{what}: creating {self.what}", self.final_path) from e
+                raise backends.named_error(e, f"{what}: creating {self.what}", self.final_path) from e
             raise
 
     def write(self, region, block) -> None:
@@ -175,7 +176,7 @@ class RemotePendingStore:
             if faults.hook is not None:
                 faults.fire("after_tile_write", path=self.final_path, region=region)
         except Exception as e:
-            raise versions.named_error(
+            raise backends.named_error(
                 e, f"writing region {describe_region(region)} of {self.what}", self.final_path) from e
 
     def abort(self) -> None:
@@ -198,18 +199,19 @@ class RemotePendingStore:
         except BaseException as e:
             self.abort()
             if isinstance(e, (OSError, RuntimeError)) and not isinstance(e, (FileExistsError, RemoteStoreError)):
-                raise versions.named_error(e, f"committing {self.what}", self.final_path) from e
+                raise backends.named_error(e, f"committing {self.what}", self.final_path) from e
             raise
         self._finalizer.detach()
         if faults.hook is not None:
             faults.fire("after_swap", path=self.final_path)
+        versions.sweep_orphans(self._root, keep={self.version, previous})
         if previous is not None:
             _retire(self.final_path, self._root, previous)
             if faults.hook is not None:
                 faults.fire("after_retire", path=self.final_path)
         if faults.hook is not None:
             faults.fire("after_commit", path=self.final_path)
-        array = versions.open_version(self._root, self.version, "r+" if writable else "r")
+        array = versions.open_version(self._root, self.version, "r+" if writable else "r", self.final_path)
         return RemoteStore(self.location, self.version, array, self._root, owned=owned, writable=writable,
                            storage_options=self.storage_options)
 

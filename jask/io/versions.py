@@ -23,43 +23,20 @@ import time
 from zarr.core.buffer import default_buffer_prototype
 from zarr.core.buffer.cpu import Buffer
 from zarr.core.sync import sync
-from zarr.storage import FsspecStore, WrapperStore
+from zarr.storage import WrapperStore
 
+from jask.io import backends
 from jask.io.reader import MissingChunkError
-from jask.io.urls import SCHEMES, BucketNotFoundError, Location, RemoteAccessError, RemoteStoreError, StoreURLError
+from jask.io.urls import Location, RemoteStoreError, StoreURLError
 
 POINTER = "zarr.json"
+ORPHAN_AGE_S = 24 * 3600   # a version this old that no pointer names is a killed writer's: swept at commit
 _METADATA = (POINTER, ".zarray", ".zattrs", ".zgroup")
 
 
 def new_version_name() -> str:
     """A fresh version prefix: creation time in ms (sorts in time order) and a random token."""
     return f"v-{int(time.time() * 1000):013d}-{secrets.token_hex(4)}"
-
-
-def zarr_store(location: Location, storage_options, what: str) -> FsspecStore:
-    """zarr's fsspec store rooted at the URL; ``storage_options`` go to s3fs/gcsfs as they are."""
-    package = SCHEMES[location.scheme]
-    if package is not None:
-        try:
-            __import__(package)
-        except ImportError:
-            raise StoreURLError(f"{what}: {location.scheme}:// URLs need the {package} package "
-                                f"(pip install {package}) to open {location.url}", location.url) from None
-    try:
-        return FsspecStore.from_url(location.url, storage_options=dict(storage_options or {}))
-    except Exception as e:
-        raise named_error(e, f"{what}: opening {location.url}", location.url) from e
-
-
-def named_error(err: BaseException, what: str, url: str) -> RemoteStoreError:
-    """A :class:`RemoteStoreError` (access denied, missing bucket, other) saying what failed at which URL."""
-    if isinstance(err, RemoteStoreError):
-        return err
-    if isinstance(err, PermissionError):
-        return RemoteAccessError(f"{what}: access denied at {url} (check the credentials passed in "
-                                 f"storage_options=...): {err}", url)
-    return RemoteStoreError(f"{what} failed at {url}: {type(err).__name__}: {err}", url)
 
 
 def _get(root, key: str):
@@ -77,12 +54,12 @@ def read_pointer(root, location: Location, what: str) -> str | None:
         if raw is None:
             if _get(root, ".zarray") is not None:
                 return ""
-            _check_bucket(root, location, what)
+            backends.check_bucket(root, location, what)
             return None
     except (RemoteStoreError, StoreURLError):
         raise
     except Exception as e:
-        raise named_error(e, f"{what}: reading {location.url}", location.url) from e
+        raise backends.named_error(e, f"{what}: reading {location.url}", location.url) from e
     doc = json.loads(raw.to_bytes())
     if doc.get("node_type") == "array":
         return ""
@@ -91,16 +68,6 @@ def read_pointer(root, location: Location, what: str) -> str | None:
         return current
     raise ValueError(f"{what}: {location.url} holds a Zarr {doc.get('node_type', 'node')} that is not "
                      "an array jask wrote (no attributes.jask.current); open the array inside it instead")
-
-
-def _check_bucket(root, location: Location, what: str) -> None:
-    if location.scheme == "memory":
-        return
-    try:
-        sync(root.fs._info(location.bucket))
-    except FileNotFoundError:
-        raise BucketNotFoundError(f"{what}: bucket {location.bucket!r} of {location.url} does not exist",
-                                  location.url) from None
 
 
 def write_pointer(root, version: str) -> None:
@@ -132,28 +99,13 @@ class DenseStore(WrapperStore):
         return buf
 
 
-def version_store(root, version: str) -> FsspecStore:
-    """A store rooted at ``version``'s prefix (``""``: the root itself).
-
-    Rooted there, not a path below the root: zarr creates missing parent
-    groups of a path, which would overwrite the pointer.
-    """
-    if not version:
-        return root
-    return FsspecStore(root.fs, read_only=root.read_only, path=f"{root.path.rstrip('/')}/{version}")
-
-
-def open_version(root, version: str, mode: str):
+def open_version(root, version: str, mode: str, url: str):
     """Open the array of ``version`` (``""``: the plain array at the root) through a :class:`DenseStore`."""
     import zarr
-    state = {"dense": False, "url": f"{_url(root)}/{version}" if version else _url(root)}
-    array = zarr.open_array(DenseStore(version_store(root, version), state), mode=mode)
+    state = {"dense": False, "url": f"{url}/{version}" if version else url}
+    array = zarr.open_array(DenseStore(backends.version_store(root, version), state), mode=mode)
     state["dense"] = bool((array.attrs.get("jask") or {}).get("dense", False))
     return array
-
-
-def _url(root) -> str:
-    return root.fs.unstrip_protocol(root.path) if hasattr(root, "fs") else str(root)
 
 
 def remove_prefix(root, prefix: str) -> None:
@@ -181,6 +133,34 @@ def _list(root) -> list[str]:
     async def collect():
         return [k async for k in root.list()]
     return sync(collect())
+
+
+def version_age_s(name: str) -> float | None:
+    """Seconds since the version ``name`` was started, or None when ``name`` is no version prefix."""
+    parts = name.split("-")
+    if len(parts) != 3 or parts[0] != "v" or not parts[1].isdigit():
+        return None
+    return time.time() - int(parts[1]) / 1000
+
+
+def sweep_orphans(root, keep) -> list[str]:
+    """Delete version prefixes older than :data:`ORPHAN_AGE_S` other than ``keep``; returns their names.
+
+    Younger ones may be another writer's work in progress, so they stay.
+    """
+    async def children():
+        return [name async for name in root.list_dir("")]
+    try:
+        names = sync(children())
+    except Exception:
+        return []
+    swept = []
+    for name in (n.rstrip("/") for n in names):
+        age = version_age_s(name)
+        if age is not None and age > ORPHAN_AGE_S and name not in keep:
+            remove_prefix(root, name)
+            swept.append(name)
+    return swept
 
 
 class PlainRemover:
