@@ -19,7 +19,7 @@ import jask
 from jask.bench import s3server
 from jask.exec.events import Stats, listeners
 from jask.io import backends
-from jask.io.reader import reader_for
+from jask.io.reader import MissingChunkError, reader_for
 from jask.io.remote import RemoteStore
 from jask.io.urls import BucketNotFoundError, RemoteAccessError, StoreURLError
 
@@ -110,6 +110,41 @@ def test_memory_round_trip_and_update():
         fs.rm("/jask-test-mem", recursive=True)
 
 
+def test_plain_zarr_array_at_a_url_is_read_and_replaced():
+    """A Zarr array other tools wrote at a URL opens as it is; update_ turns it into jask's versioned layout."""
+    import fsspec
+    import zarr
+    fs = fsspec.filesystem("memory")
+    url = "memory://jask-test-plain/p.zarr"
+    a = _data((12, 10), 9)
+    try:
+        zarr.create_array(url, shape=a.shape, chunks=(5, 5), dtype="float32")[...] = a
+        x = jask.from_zarr(url, mode="r+")
+        np.testing.assert_array_equal(np.asarray(x), a)
+        x.update_(x * 2)
+        np.testing.assert_array_equal(np.asarray(jask.from_zarr(url)), a * 2)
+        assert zarr.open_group(url).attrs["jask"]["current"].startswith("v-")
+        assert not [p for p in fs.find("/jask-test-plain/p.zarr") if "/c/" in p and "/v-" not in p]
+    finally:
+        fs.rm("/jask-test-plain", recursive=True)
+
+
+def test_reader_whose_version_is_deleted_gets_a_named_error():
+    """Another process's writer deleted the version this reader opened: an error naming it, not other data."""
+    import fsspec
+    fs = fsspec.filesystem("memory")
+    url = "memory://jask-test-gone/a.zarr"
+    try:
+        jask.to_zarr(jask.from_numpy(_data((20, 8), 10)), url, chunks=(10, 8))
+        x = jask.from_zarr(url)
+        version = x._node.resolved().store.version
+        fs.rm(f"/jask-test-gone/a.zarr/{version}/c", recursive=True)
+        with pytest.raises(MissingChunkError, match=f"{url}/{version}"):
+            np.asarray(x)
+    finally:
+        fs.rm("/jask-test-gone", recursive=True)
+
+
 def test_scratch_on_an_object_store():
     """Op outputs and persisted arrays can live under a store URL; each is deleted once freed."""
     import fsspec
@@ -136,6 +171,7 @@ def test_s3_round_trip_and_ops(s3, backend):
         jask.to_zarr(jask.from_numpy(arr), f"s3://{BUCKET}/{backend}/{name}.zarr", chunks=(32, 16),
                      storage_options=opts)
     x, y, v = (jask.from_zarr(f"s3://{BUCKET}/{backend}/{n}.zarr", storage_options=opts) for n in "abw")
+    jask.config.update("tile", 32)     # several tiles per pass
     store = x._node.resolved().store
     assert type(store.array.store._store).__name__ == {"obstore": "ObjectStore", "fsspec": "FsspecStore"}[backend]
     np.testing.assert_array_equal(np.asarray(x), a)
