@@ -84,9 +84,10 @@ def from_zarr(path_or_array, mode: str = "r", storage_options=None) -> DiskArray
         store = getattr(path_or_array, "store", None)
         root = getattr(store, "root", None)
         if root is None:
-            raise TypeError(f"from_zarr expects a path, a store URL or a zarr.Array on a local store, got "
-                            f"a {type(path_or_array).__name__} on a {type(store).__name__}; pass its URL "
-                            "(and storage_options=...) instead")
+            on = f" on a {type(store).__name__}" if store is not None else ""
+            raise TypeError(f"from_zarr expects a path or a zarr.Array on a local store, got a "
+                            f"{type(path_or_array).__name__}{on}; for a store in a bucket pass its URL "
+                            "(and storage_options=...)")
         path = os.path.join(str(root), getattr(path_or_array, "path", "") or "")
     store = open_store(path, mode, storage_options)
     check_array_facts(f"from_zarr({store.path!r})", store.shape, store.dtype)
