@@ -70,6 +70,18 @@ def test_malformed_urls_are_named_errors(url, tmp_path, monkeypatch):
     assert os.listdir(tmp_path) == []
 
 
+def test_missing_package_for_a_scheme_is_named():
+    """gs:// without gcsfs (not installed in CI): the error names the package to install."""
+    try:
+        import gcsfs  # noqa: F401
+        pytest.skip("gcsfs is installed here, so gs:// URLs open")
+    except ImportError:
+        pass
+    with pytest.raises(StoreURLError, match="pip install gcsfs") as err:
+        jask.from_zarr("gs://some-bucket/x.zarr")
+    assert err.value.url == "gs://some-bucket/x.zarr"
+
+
 def test_file_url_uses_the_local_reader(tmp_path):
     """file:// URLs are local paths: same folder, direct reads, and update_'s folder swap."""
     a = _data((40, 30))

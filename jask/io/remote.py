@@ -91,7 +91,8 @@ class RemoteStore(Store):
         self._pin = None
         self._root = root
         self._lifetime = _Remover(root, "") if owned else None   # scratch: the whole URL goes with it
-        _open.setdefault(self.path, weakref.WeakSet()).add(self)
+        if not owned:                                            # scratch URLs are never replaced
+            _open.setdefault(self.path, weakref.WeakSet()).add(self)
 
     @property
     def root(self) -> str:
