@@ -316,3 +316,18 @@ def test_s3_bad_credentials_are_named_before_any_work(backend):
         assert server.client().list_objects_v2(Bucket=BUCKET).get("KeyCount", 0) == 0
     finally:
         server.stop()
+
+
+@needs_moto
+def test_remote_benchmark_runs(tmp_path):
+    """``python -m jask.bench --store=s3`` at a tiny size: it runs, every sum is right, every rate is there."""
+    import json
+    env = dict(os.environ, JASK_BENCH_DIR=str(tmp_path / "bench"))
+    proc = subprocess.run([sys.executable, "-m", "jask.bench", "--store=s3", "--remote_mib=4", "--remote_repeat=1",
+                           f"--out={tmp_path}"], env=env, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    with open(tmp_path / "remote.json") as f:
+        result = json.load(f)
+    assert result["sum_ok"] and result["bytes"] == 4 * 2**20
+    assert {"jask sum", "jask sum, fsspec route", "raw GET boto3 sequential"} <= result["rates"].keys()
+    assert "jask sum / best raw GET" in proc.stdout

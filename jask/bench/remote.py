@@ -169,12 +169,15 @@ def run(out_dir: str, budget: str) -> dict:
                "jask sum": lambda: sums.append(float(jask.sum(x))),
                "jask sum, fsspec route": lambda: sums.append(float(jask.sum(x_fsspec)))}
         rates = _rounds(fns, nbytes, FLAGS.remote_repeat)
+        with jask.profile() as prof:     # one more pass: the RSS growth the budget bounds
+            sums.append(float(jask.sum(x)))
     finally:
         server.stop()
     limit = max(v["rate"] for k, v in rates.items() if k.startswith("raw GET"))
     result = dict(mib=FLAGS.remote_mib, budget=budget, chunks=chunks, chunk_objects=len(keys), bytes=nbytes,
                   write_s=write_s, rates=rates, jask_over_raw_get=rates["jask sum"]["rate"] / limit,
                   sum_ok=all(np.isclose(v, expected, rtol=1e-3) for v in sums), repeat=FLAGS.remote_repeat,
+                  sum_rss_growth=prof.working_set_bytes, budget_bytes=jask.config.config.memory_budget,
                   cores=os.cpu_count(), load=os.getloadavg())
     os.makedirs(out_dir, exist_ok=True)
     with open(os.path.join(out_dir, "remote.json"), "w") as f:
@@ -188,6 +191,8 @@ def report(r: dict) -> str:
              f"written by jask.to_zarr in {r['write_s']:.1f} s; median of {r['repeat']} round-robin rounds"]
     for name, m in r["rates"].items():
         lines.append(f"  {name:<26} {m['rate'] / 1e6:8.1f} MB/s")
+    lines.append(f"  jask sum's RSS growth {r['sum_rss_growth'] / MiB:.0f} MiB (budget "
+                 f"{r['budget_bytes'] / MiB:.0f} MiB)")
     lines.append(f"  jask sum / best raw GET = {r['jask_over_raw_get']:.2f} (target >= 0.5); sums "
                  f"{'ok' if r['sum_ok'] else 'WRONG'}; load {r['load'][0]:.2f} on {r['cores']} cores")
     return "\n".join(lines)
