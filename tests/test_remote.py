@@ -17,7 +17,6 @@ import pytest
 
 import jask
 from jask.bench import s3server
-from jask.exec.events import Stats, listeners
 from jask.io import backends
 from jask.io.reader import MissingChunkError, reader_for
 from jask.io.remote import RemoteStore
@@ -187,12 +186,8 @@ def test_s3_round_trip_and_ops(s3, backend):
     store = x._node.resolved().store
     assert type(store.array.store._store).__name__ == {"obstore": "ObjectStore", "fsspec": "FsspecStore"}[backend]
     np.testing.assert_array_equal(np.asarray(x), a)
-    stats = Stats()
-    listeners.append(stats)
-    try:
+    with jask.profile() as stats:
         total = float(jask.sum(x))
-    finally:
-        listeners.remove(stats)
     assert stats.bytes_read == a.nbytes                      # every tile read once, through the prefetcher
     np.testing.assert_allclose(total, a.sum(dtype=np.float64), rtol=1e-5)
     np.testing.assert_allclose(np.asarray(x + y), a + b, rtol=1e-6)
@@ -282,13 +277,9 @@ def test_s3_missing_bucket_is_named_before_any_work(s3, backend):
     with pytest.raises(BucketNotFoundError, match="no-such-bucket") as err:
         jask.from_zarr(url, storage_options=opts)
     assert err.value.url == url
-    stats = Stats()
-    listeners.append(stats)
-    try:
-        with pytest.raises(BucketNotFoundError, match="no-such-bucket"):
-            jask.to_zarr(jask.from_numpy(np.ones((8, 8), np.float32)) * 2, url, storage_options=opts)
-    finally:
-        listeners.remove(stats)
+    x = jask.from_numpy(np.ones((8, 8), np.float32))
+    with jask.profile() as stats, pytest.raises(BucketNotFoundError, match="no-such-bucket"):
+        jask.to_zarr(x * 2, url, storage_options=opts)
     assert stats.tiles == 0 and stats.bytes_written == 0
     with pytest.raises(FileNotFoundError, match=f"no Zarr array at s3://{BUCKET}/absent.zarr"):
         jask.from_zarr(f"s3://{BUCKET}/absent.zarr", storage_options=opts)
@@ -305,13 +296,9 @@ def test_s3_bad_credentials_are_named_before_any_work(backend):
             with pytest.raises(RemoteAccessError, match="access denied") as err:
                 jask.from_zarr(url, storage_options=opts)
             assert err.value.url == url
-            stats = Stats()
-            listeners.append(stats)
-            try:
-                with pytest.raises(RemoteAccessError):
-                    jask.to_zarr(jask.from_numpy(np.ones((8, 8), np.float32)) + 1, url, storage_options=opts)
-            finally:
-                listeners.remove(stats)
+            x = jask.from_numpy(np.ones((8, 8), np.float32))
+            with jask.profile() as stats, pytest.raises(RemoteAccessError):
+                jask.to_zarr(x + 1, url, storage_options=opts)
             assert stats.tiles == 0 and stats.bytes_written == 0
         assert server.client().list_objects_v2(Bucket=BUCKET).get("KeyCount", 0) == 0
     finally:

@@ -26,7 +26,7 @@ from zarr.core.buffer.cpu import NDBuffer
 
 from jask.io import backends, dtypes, faults, versions
 from jask.io.layout import describe_region
-from jask.io.reader import CorruptChunkError, MissingChunkError, TileReadError, aligned_empty
+from jask.io.reader import CorruptChunkError, MissingChunkError, TileReadError, prepare_read
 from jask.io.store import PendingStore, Store, check_shards, describe_array, open_existing
 from jask.io.urls import Location, RemoteStoreError, parse
 
@@ -73,8 +73,8 @@ def exists(path_or_url, storage_options=None, what: str = "to_zarr") -> bool:
 class RemoteStore(Store):
     """One Zarr array version on an object store; ``path`` is its URL (what messages and ``update_`` use).
 
-    It reads the version resolved at open (``version``; None for a plain Zarr
-    array not written by jask) for its whole life. An owned (scratch) store
+    It reads the version resolved at open (``version``; ``""`` for a plain
+    Zarr array not written by jask) for its whole life. An owned (scratch) store
     deletes its URL once freed; a replaced one is deleted once the last store
     of this process reading it is freed (see :func:`_retire`).
     """
@@ -90,7 +90,7 @@ class RemoteStore(Store):
         self.storage_options = storage_options
         self._pin = None
         self._root = root
-        self._lifetime = _Remover(root, "") if owned else None   # scratch: the whole URL goes with it
+        self._lifetime = _Remover(versions.remove_prefix, root, "") if owned else None   # scratch: all of it
         if not owned:                                            # scratch URLs are never replaced
             _open.setdefault(self.path, weakref.WeakSet()).add(self)
 
@@ -107,10 +107,10 @@ class RemoteStore(Store):
 
 
 class _Remover:
-    """Deletes one prefix of a store once no :class:`RemoteStore` holds this object (or at exit)."""
+    """Calls ``remove(*args)`` (deleting keys) once no :class:`RemoteStore` holds this object, or at exit."""
 
-    def __init__(self, root, prefix: str):
-        weakref.finalize(self, versions.remove_prefix, root, prefix)
+    def __init__(self, remove, *args):
+        weakref.finalize(self, remove, *args)
 
 
 _open: dict[str, weakref.WeakSet] = {}
@@ -127,7 +127,7 @@ def _retire(url: str, root, old_version) -> None:
     if not readers:
         versions.remove_version(root, old_version)
         return
-    holder = _Remover(root, old_version) if old_version else versions.PlainRemover(root)
+    holder = _Remover(versions.remove_version, root, old_version)
     for st in readers:
         st._lifetime, st.owned, st.writable = holder, True, False
 
@@ -232,15 +232,8 @@ class RemoteTileReader:
         self.dtype = dtypes.logical_dtype(store.array, store.path)
 
     def read(self, region, out: np.ndarray | None = None) -> np.ndarray:
-        region = tuple(region)
-        shape = tuple(s.stop - s.start for s in region)
-        if out is None:
-            out = aligned_empty(shape, self.dtype)
-        elif out.shape != shape or out.dtype != self.dtype:
-            raise ValueError(f"read buffer of shape {out.shape} {out.dtype} does not fit region "
-                             f"{describe_region(region)} of {self.path} ({self.dtype})")
-        if faults.hook is not None:
-            faults.fire("before_tile_read", path=self.path, region=region)
+        """Read ``region`` into ``out`` (allocated when None) and return it, as :meth:`TileReader.read`."""
+        region, out = prepare_read(region, out, self.dtype, self.path)
         raw = dtypes.to_storage(out)
         try:
             if raw.ndim == 0:

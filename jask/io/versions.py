@@ -20,6 +20,7 @@ import json
 import secrets
 import time
 
+import zarr
 from zarr.core.buffer import default_buffer_prototype
 from zarr.core.buffer.cpu import Buffer
 from zarr.core.sync import sync
@@ -101,7 +102,6 @@ class DenseStore(WrapperStore):
 
 def open_version(root, version: str, mode: str, url: str):
     """Open the array of ``version`` (``""``: the plain array at the root) through a :class:`DenseStore`."""
-    import zarr
     state = {"dense": False, "url": f"{url}/{version}" if version else url}
     array = zarr.open_array(DenseStore(backends.version_store(root, version), state), mode=mode)
     state["dense"] = bool((array.attrs.get("jask") or {}).get("dense", False))
@@ -162,10 +162,3 @@ def sweep_orphans(root, keep) -> list[str]:
             swept.append(name)
     return swept
 
-
-class PlainRemover:
-    """Deletes a replaced plain array's keys once no store holds this object."""
-
-    def __init__(self, root):
-        import weakref
-        weakref.finalize(self, remove_version, root, "")
