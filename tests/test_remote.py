@@ -69,6 +69,15 @@ def test_malformed_urls_are_named_errors(url, tmp_path, monkeypatch):
     assert os.listdir(tmp_path) == []
 
 
+def test_storage_options_for_a_local_path_are_refused(tmp_path):
+    x = jask.from_numpy(np.ones((2, 3), np.float32))
+    with pytest.raises(ValueError, match="storage_options apply to store URLs"):
+        jask.to_zarr(x, tmp_path / "a.zarr", storage_options={"key": "k"})
+    assert not os.path.exists(tmp_path / "a.zarr")
+    with pytest.raises(ValueError, match="storage_options apply to store URLs"):
+        jask.from_zarr(tmp_path / "a.zarr", storage_options={"key": "k"})
+
+
 def test_missing_package_for_a_scheme_is_named():
     """gs:// without gcsfs (not installed in CI): the error names the package to install."""
     try:
