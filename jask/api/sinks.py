@@ -96,7 +96,9 @@ def update_(target: DiskArray, new_value) -> None:
     error leaves the old one (the ``OSError`` names the array and path). On an
     object store the new version is committed by replacing one pointer object.
     Arrays open on the old value, here or in other processes, keep reading
-    the old value; lazy arrays computed from it too.
+    the old value; lazy arrays computed from it too. (On an object store, only
+    in this process: elsewhere a read of the deleted old version raises
+    ``MissingChunkError`` naming it, never a mix.)
     """
     if not isinstance(target, DiskArray) or target._node is None:
         raise TypeError("update_ must be called eagerly on a DiskArray (not inside jit)")
