@@ -8,6 +8,7 @@ from jask.exec.events import Stats
 from jask.hijax.array import DiskArray
 from jask.config import set_memory_budget
 from jask.io.scratch import cleanup_scratch
+from jask.io.urls import BucketNotFoundError, RemoteAccessError, RemoteStoreError, StoreURLError
 from jask.linalg.add import add
 from jask.linalg.dot import dot
 from jask.linalg.mul import mul
@@ -26,7 +27,7 @@ from jask.api.sources import from_numpy, from_zarr
 __version__ = "0.1.0"
 
 __all__ = [
-    "DiskArray", "Stats", "add", "batches", "cleanup_scratch", "config", "dot", "explain", "from_numpy", "from_zarr",
+    "BucketNotFoundError", "DiskArray", "RemoteAccessError", "RemoteStoreError", "StoreURLError", "Stats", "add", "batches", "cleanup_scratch", "config", "dot", "explain", "from_numpy", "from_zarr",
     "materialize", "mul", "nn", "numpy", "persist", "profile", "rechunk", "runtime_baseline", "set_memory_budget",
     "square", "sub", "sum", "to_zarr", "transpose", "update_",
 ]

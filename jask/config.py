@@ -46,6 +46,7 @@ class Config:
     memory_budget: int = parse_bytes(os.environ.get("JASK_MEMORY_BUDGET", "512MB"))
     scratch_dir: str | None = os.environ.get("JASK_SCRATCH_DIR") or None
     allow_tmpfs: bool = False
+    scratch_storage_options: dict | None = None   # credentials/endpoint when scratch_dir is a store URL
     backend: str = os.environ.get("JASK_BACKEND", "auto")
     tile: int | None = None
     fusion: bool = True

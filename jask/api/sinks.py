@@ -1,8 +1,6 @@
 """Sinks: the calls that make the lazy graph run (materialize, to_zarr, update_, persist)."""
 from __future__ import annotations
 
-import os
-
 import jax
 import numpy as np
 
@@ -12,6 +10,8 @@ from jask.graph.nodes import StoredNode
 from jask.hijax import compat, runtime
 from jask.hijax.array import DiskArray, is_disk_array, type_of
 from jask.hijax.sinks import MaterializePrimitive, PersistPrimitive
+from jask.io.remote import exists
+from jask.io.urls import parse
 
 
 def _require(name, x):
@@ -41,28 +41,32 @@ def materialize(x) -> jax.Array:
     return MaterializePrimitive(type_of(x))(x)
 
 
-def to_zarr(x, path, overwrite: bool = False, chunks=None, compressors=None, shards=None) -> None:
-    """Write ``x`` to a Zarr v3 array at ``path``; it appears only once complete.
+def to_zarr(x, path, overwrite: bool = False, chunks=None, compressors=None, shards=None,
+            storage_options=None) -> None:
+    """Write ``x`` to a Zarr v3 array at ``path`` (a folder or a store URL); it appears only once complete.
 
     An existing ``path`` is refused unless ``overwrite=True``, in which case the
     old array stays readable until the new one is complete, and arrays already
     open on it keep their old values. ``shards`` writes the sharded layout (a
     shard file per ``shards`` block of ``chunks``-sized tiles), the fastest to
-    stream.
+    stream. On an object store (``s3://``, ``gs://``, ``memory://``) the array
+    is a version committed by one pointer object (``jask/io/DESIGN.md``);
+    ``storage_options`` go to s3fs/gcsfs (credentials, ``endpoint_url``).
     """
     _require("to_zarr", x)
     if compat.is_traced(x):
         raise TypeError("to_zarr cannot run inside jit; return the DiskArray and write it afterwards")
-    path = os.path.abspath(os.fspath(path))
-    if os.path.exists(path) and not overwrite:
-        raise FileExistsError(f"to_zarr: {path} already exists; pass overwrite=True to replace it")
+    where = parse(path, "to_zarr")
+    if exists(where, storage_options) and not overwrite:
+        raise FileExistsError(f"to_zarr: {where} already exists; pass overwrite=True to replace it")
     if chunks is not None:
         chunks = tuple(int(c) for c in chunks)
         if len(chunks) != x.ndim or any(c < 1 for c in chunks):
             raise ValueError(f"to_zarr: chunks {chunks} do not fit an array of shape {x.shape}")
     runtime.safe_point()
     run([x._node], lambda node, tile: PathSink(
-        node, tile, path, overwrite=overwrite, chunks=chunks, compressors=compressors, shards=shards))
+        node, tile, where, overwrite=overwrite, chunks=chunks, compressors=compressors, shards=shards,
+        storage_options=storage_options))
 
 
 def rechunk(x, chunks, shards=None) -> DiskArray:
@@ -89,9 +93,12 @@ def update_(target: DiskArray, new_value) -> None:
     The new value is computed completely before anything is replaced. For a
     user store opened with ``mode="r+"`` the folder is swapped atomically: a
     crash leaves the old or the new array, never a mix, and a disk-full or I/O
-    error leaves the old one (the ``OSError`` names the array and path).
+    error leaves the old one (the ``OSError`` names the array and path). On an
+    object store the new version is committed by replacing one pointer object.
     Arrays open on the old value, here or in other processes, keep reading
-    the old value; lazy arrays computed from it too.
+    the old value; lazy arrays computed from it too. (On an object store, only
+    in this process: elsewhere a read of the deleted old version raises
+    ``MissingChunkError`` naming it, never a mix.)
     """
     if not isinstance(target, DiskArray) or target._node is None:
         raise TypeError("update_ must be called eagerly on a DiskArray (not inside jit)")
@@ -110,7 +117,7 @@ def update_(target: DiskArray, new_value) -> None:
         old_store = old.store
         (store,) = run([new_value._node], lambda node, tile: PathSink(
             node, tile, old_store.path, overwrite=True, writable=True, chunks=old_store.chunks,
-            shards=old_store.shards))
+            shards=old_store.shards, storage_options=getattr(old_store, "storage_options", None)))
         target._node = StoredNode(store)
         return
     # Stored values are immutable, so the target may share the new value's storage.

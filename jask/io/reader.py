@@ -70,7 +70,21 @@ class TileKey(NamedTuple):
     tile: tuple
 
 
-# ---------------------------------------------------------------- layout
+# ---------------------------------------------------------------- reads
+
+def prepare_read(region, out, dtype, path):
+    """``region`` as a tuple and the buffer for it (``out`` checked, or a fresh aligned one); fires ``before_tile_read``."""
+    region = tuple(region)
+    shape = tuple(s.stop - s.start for s in region)
+    if out is None:
+        out = aligned_empty(shape, dtype)
+    elif out.shape != shape or out.dtype != dtype:
+        raise ValueError(f"read buffer of shape {out.shape} {out.dtype} does not fit region "
+                         f"{describe_region(region)} of {path} ({dtype})")
+    if faults.hook is not None:
+        faults.fire("before_tile_read", path=path, region=region)
+    return region, out
+
 
 class TileReader:
     """Reads regions of one :class:`jask.io.store.Store` into NumPy buffers.
@@ -102,15 +116,7 @@ class TileReader:
         ``out`` and the result have the array's logical dtype (``self.dtype``);
         bfloat16 bits are read through a ``uint16`` view of the same buffer.
         """
-        region = tuple(region)
-        shape = tuple(s.stop - s.start for s in region)
-        if out is None:
-            out = aligned_empty(shape, self.dtype)
-        elif out.shape != shape or out.dtype != self.dtype:
-            raise ValueError(f"read buffer of shape {out.shape} {out.dtype} does not fit region "
-                             f"{describe_region(region)} of {self.path} ({self.dtype})")
-        if faults.hook is not None:
-            faults.fire("before_tile_read", path=self.path, region=region)
+        region, out = prepare_read(region, out, self.dtype, self.path)
         if folder_deleted(self._pin, self.path):
             raise MissingChunkError(f"the Zarr store at {self.path} was deleted while still in use",
                                     path=self.path, region=region)
@@ -319,6 +325,7 @@ def reader_for(store) -> TileReader:
     """The :class:`TileReader` of ``store``, kept (with its shard indexes) as long as the store lives."""
     r = _readers.get(store)
     if r is None or r.path != store.path or r.array is not store.array:
-        r = TileReader(store)
+        make = getattr(store, "make_reader", None)   # a remote store reads through zarr (jask.io.remote)
+        r = make() if make is not None else TileReader(store)
         _readers[store] = r
     return r

@@ -4,6 +4,8 @@ Where: ``JASK_SCRATCH_DIR`` or ``set_memory_budget(..., scratch_dir=...)`` when
 set; otherwise ``$TMPDIR/jask-scratch``, unless ``$TMPDIR`` (``/tmp``) is on
 tmpfs, which lives in RAM and would defeat the memory budget: then the user
 cache directory, ``$XDG_CACHE_HOME/jask/scratch`` (``~/.cache/jask/scratch``).
+A store URL (``s3://bucket/scratch``) works too, with credentials from the
+``scratch_storage_options`` setting; its stores are deleted as they are freed.
 :func:`scratch_location` says which was chosen and why.
 
 Each process gets its own folder ``<scratch_dir>/jask-<pid>-<token>``. Stores in
@@ -20,6 +22,8 @@ import secrets
 import shutil
 import tempfile
 import types
+
+from jask.io import urls
 
 _RAM_FILESYSTEMS = {"tmpfs", "ramfs"}
 _counter = itertools.count()
@@ -70,7 +74,10 @@ def cache_scratch_dir() -> str:
 
 
 def check_scratch_dir(path: str, allow_tmpfs: bool) -> None:
-    """Refuse a scratch dir on a RAM-backed filesystem unless explicitly allowed."""
+    """Refuse a scratch dir on a RAM-backed filesystem unless explicitly allowed (or a malformed store URL)."""
+    path = urls.parse(path, "scratch_dir")     # file:// URLs become paths
+    if isinstance(path, urls.Location):
+        return
     fstype = _fstype_of(path)
     if fstype in _RAM_FILESYSTEMS and not allow_tmpfs:
         fallback = cache_scratch_dir()
@@ -132,7 +139,12 @@ def remove_stale(root: str) -> list[str]:
 def process_dir() -> str:
     """This process's scratch folder, created (and stale folders swept) on first use."""
     global _process_dir
-    root = _default_root()
+    root = urls.parse(_default_root(), "scratch_dir")
+    if isinstance(root, urls.Location):   # an object store: each store deletes itself when freed (jask.io.remote)
+        root = root.url
+        if _process_dir is None or not _process_dir.startswith(root.rstrip("/") + "/"):
+            _process_dir = f"{root.rstrip('/')}/jask-{os.getpid()}-{secrets.token_hex(4)}"
+        return _process_dir
     if _process_dir is None or os.path.dirname(_process_dir) != os.path.abspath(root):
         check_scratch_dir(root, _settings.allow_tmpfs)
         created_root = not os.path.isdir(root)
@@ -155,8 +167,13 @@ def _remove_process_dir(path: str, remove_root: bool) -> None:
 
 
 def new_path(tag: str = "array") -> str:
-    """A fresh, not yet existing store path in this process's scratch folder."""
+    """A fresh, not yet existing store path (or URL) in this process's scratch folder."""
     return os.path.join(process_dir(), f"{tag}-{next(_counter)}.zarr")
+
+
+def storage_options() -> dict | None:
+    """``storage_options`` for a scratch dir that is a store URL (the ``scratch_storage_options`` setting)."""
+    return getattr(_settings, "scratch_storage_options", None)
 
 
 def cleanup_scratch(root: str | None = None) -> list[str]:
