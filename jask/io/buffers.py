@@ -55,7 +55,7 @@ class BufferPool:
         keep = self.keep if keep is None else keep
         key = (tuple(shape), np.dtype(dtype))  # not .str: bfloat16's is '<V2', a different dtype
         with self._lock:
-            bufs = self._free.setdefault(key, [])
+            bufs = self._free[key] = self._free.pop(key, [])   # most recently asked-for shape last
             for i in range(len(bufs)):
                 # Free when held only by the list, ``b`` and getrefcount's argument, and its
                 # memory's owner only by ``b.base`` and the argument.
@@ -80,10 +80,10 @@ class BufferPool:
             self._free.clear()
 
     def trim(self, keep_bytes: int) -> None:
-        """Keep at most ``keep_bytes`` of free buffers (the most recently used); drop the rest."""
+        """Keep at most ``keep_bytes`` of free buffers (of the most recently asked-for shapes); drop the rest."""
         with self._lock:
             kept_bytes = 0
-            for key in list(self._free):
+            for key in reversed(list(self._free)):
                 newest_first = []
                 for b in reversed(self._free[key]):
                     if _is_free(b) and kept_bytes + b.nbytes > keep_bytes:
