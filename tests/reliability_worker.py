@@ -3,7 +3,7 @@
 Usage:
   python reliability_worker.py serve
       A zygote: imports jask once, then for each JSON request line on stdin
-      ({"scenario", "dir", "scratch", "fault" or "record"}) forks a child that
+      ({"scenario", "dir", "scratch", "fault" or "record", optionally "durability"}) forks a child that
       runs the scenario (armed with ``fault``, e.g. ``*:7``, or recording every
       fault point into the file ``record``), waits for it and prints one JSON
       line {"pid", "signal", "code"}. Forking saves the 2 s jax import per kill
@@ -103,6 +103,9 @@ def _setup(scratch):
 def _child(req) -> int:
     from jask.io import faults
     _setup(req["scratch"])
+    if req.get("durability"):
+        import jask
+        jask.config.update("durability", req["durability"])
     recorder = None
     if req.get("record"):
         recorder = faults.arm(faults.Recorder())

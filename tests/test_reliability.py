@@ -53,6 +53,8 @@ def _dead_pid():
 
 def _worker_env(**extra):
     env = {k: v for k, v in os.environ.items() if k != "JASK_FAULT"}
+    # the workers import this checkout's jask, as the tests do, whichever one is installed
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (os.path.dirname(HERE), env.get("PYTHONPATH")) if p)
     env.update(OPENBLAS_NUM_THREADS="1", **extra)   # no BLAS threads in the zygote when it forks
     return env
 
@@ -134,8 +136,19 @@ def _check_kill_dir(folder, scenario, swap_at, n):
 @pytest.mark.parametrize("scenario", rw.SCENARIOS)
 def test_sigkill_at_every_fault_point(zygotes, tmp_path, scenario):
     """Kill a child at every fault point of a scenario; every array is then its old or its new value."""
+    _kill_at_every_point(zygotes, tmp_path, scenario, "process")
+
+
+@pytest.mark.parametrize("scenario", ["overwrite", "update-fallback"])
+def test_sigkill_at_every_fsync_with_power_durability(zygotes, tmp_path, scenario):
+    """With durability "power" the kill points include every fsync (before and after the swap): same outcome."""
+    points = _kill_at_every_point(zygotes, tmp_path, scenario, "power")
+    assert sum(p == "before_fsync" for p, _ in points) >= 6, points   # 4 chunks, metadata, folders, parent
+
+
+def _kill_at_every_point(zygotes, tmp_path, scenario, durability):
     scratch_root = str(tmp_path / "scratch")
-    base = dict(scenario=scenario, scratch=scratch_root)
+    base = dict(scenario=scenario, scratch=scratch_root, durability=durability)
     rw.make_inputs(scenario, str(tmp_path / "dry"))
     record = str(tmp_path / "points.json")
     (dry,) = list(zygotes.run([dict(base, dir=str(tmp_path / "dry"), record=record)]))
@@ -173,6 +186,7 @@ def test_sigkill_at_every_fault_point(zygotes, tmp_path, scenario):
         assert not os.path.exists(scratch_root), "this scenario should not have needed scratch"
     print(f"{scenario}: {len(points)} fault points, {len(kill_at)} killed at, "
           f"{len(kill_at) * (len(swap_at) + 2)} arrays checked")
+    return points
 
 
 def test_fault_armed_through_environment(tmp_path):

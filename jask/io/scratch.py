@@ -27,13 +27,19 @@ _process_dir: str | None = None
 
 # Where scratch goes is a setting of ``jask.config``, which passes its live settings object in
 # (use_settings) rather than this layer importing it; read afresh at every call.
-_settings = types.SimpleNamespace(scratch_dir=os.environ.get("JASK_SCRATCH_DIR") or None, allow_tmpfs=False)
+_settings = types.SimpleNamespace(scratch_dir=os.environ.get("JASK_SCRATCH_DIR") or None, allow_tmpfs=False,
+                                  durability=os.environ.get("JASK_DURABILITY") or "process")
 
 
 def use_settings(settings) -> None:
-    """Read ``scratch_dir`` and ``allow_tmpfs`` from ``settings`` (any object with them) from now on."""
+    """Read ``scratch_dir``, ``allow_tmpfs`` (and :func:`setting`) from ``settings`` from now on."""
     global _settings
     _settings = settings
+
+
+def setting(name: str, default=None):
+    """One live setting the io layer reads (e.g. ``durability``), or ``default`` when not set."""
+    return getattr(_settings, name, default)
 
 
 def filesystem_type(path: str) -> str:

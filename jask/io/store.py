@@ -30,24 +30,11 @@ import weakref
 import numpy as np
 import zarr
 
-from jask.io import dtypes, faults
+from jask.io import dtypes, durable, faults
 from jask.io.layout import describe_region
 from jask.io.pins import Pin, drop_retired, folder_deleted, pin_current, remove_tree
 from jask.io.recovery import settle, sweep
 from jask.io.writer import make_chunk_writer
-
-
-def _fsync_dir(path: str) -> None:
-    try:
-        fd = os.open(path, os.O_RDONLY)
-    except OSError:
-        return
-    try:
-        os.fsync(fd)
-    except OSError:
-        pass
-    finally:
-        os.close(fd)
 
 
 def _sibling(path: str, kind: str) -> str:
@@ -266,13 +253,18 @@ class PendingStore:
         Until the swap (fault point ``after_swap``) a failure removes the new
         folder and leaves the path as it was; an ``OSError`` is raised again
         naming the array and path. (Past that point the new array is in place;
-        only the old folder's disposal is left.) A replaced folder lives on for
+        only the old folder's disposal is left.) With durability ``"power"`` a
+        user store's files and folders are fsynced before the swap and its parent
+        folder after it (:mod:`jask.io.durable`). A replaced folder lives on for
         arrays still open on it, in this process or another.
         """
         pin = None
+        power = not owned and durable.mode() == "power"   # scratch dies with its process: never synced
         try:
             if self._writer is not None:
                 self._writer.finish()
+            if power:
+                durable.sync_tree(self.tmp_path, self.final_path)
             if faults.hook is not None:
                 faults.fire("before_commit", path=self.final_path)
             exists = os.path.lexists(self.final_path)
@@ -287,13 +279,19 @@ class PendingStore:
             if isinstance(e, OSError) and not isinstance(e, FileExistsError):
                 raise _io_error(e, f"committing {self.what}") from e
             raise
-        _fsync_dir(os.path.dirname(self.final_path))
         if old_aside is not None:
             if faults.hook is not None:
                 faults.fire("after_retire", path=self.final_path)
             if not _move_open_stores(self.final_path, old_aside):
                 drop_retired(old_aside)
             sweep(self.final_path)
+        if power:
+            try:
+                durable.sync_parent(self.final_path)
+            except OSError as e:
+                if pin is not None:
+                    pin.release()
+                raise _io_error(e, f"{self.what} is in place, but syncing its folder (durability 'power')") from e
         if faults.hook is not None:
             faults.fire("after_commit", path=self.final_path)
         array = zarr.open_array(pin.root if pin is not None else self.final_path,

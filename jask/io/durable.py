@@ -1,0 +1,70 @@
+"""How hard a commit works to outlive a crash: the ``durability`` setting and the fsyncs it asks for.
+
+``"process"`` (the default): a committed array survives the writing process
+being killed at any point (the commit is one rename; the kernel's page cache
+holds the data until it writes it back). A power cut or kernel crash soon
+after a commit may still lose the array or leave it partly written.
+
+``"power"``: a committed user store also survives a power cut. Before the
+commit rename, every file of the new folder is fsynced, then every folder in
+it, deepest first (a folder after its entries); after the rename, the parent
+folder, so the rename itself is on disk. Scratch stores never need it (they
+die with their process) and are not synced.
+
+Each fsync fires the fault point ``before_fsync`` (``target``: the file or
+folder), so tests can record the order and fail at each step.
+"""
+from __future__ import annotations
+
+import os
+
+from jask.io import faults, scratch
+
+MODES = ("process", "power")
+
+
+def mode() -> str:
+    """The current ``durability`` setting (``jask.config``'s, handed in through :func:`scratch.use_settings`)."""
+    return scratch.setting("durability", "process")
+
+
+def check_mode(value) -> str:
+    """``value`` if it is a known durability mode, else a ValueError naming the choices."""
+    if value not in MODES:
+        raise ValueError(f"unknown durability {value!r}; choose 'process' (survive a killed process) "
+                         "or 'power' (also a power cut: fsync before and after each commit)")
+    return value
+
+
+def _fsync(path: str, final_path: str, directory: bool) -> None:
+    if faults.hook is not None:
+        faults.fire("before_fsync", path=final_path, target=path)
+    fd = os.open(path, os.O_RDONLY | (os.O_DIRECTORY if directory else 0))
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def sync_tree(root: str, final_path: str) -> int:
+    """Fsync every file under ``root``, then every folder, deepest first, ``root`` last; returns the count.
+
+    ``final_path`` names the array in fault points. An ``OSError`` propagates:
+    the commit then aborts and the old value stays.
+    """
+    count = 0
+    folders = []
+    for folder, _, files in os.walk(root):
+        folders.append(folder)
+        for name in sorted(files):
+            _fsync(os.path.join(folder, name), final_path, directory=False)
+            count += 1
+    for folder in sorted(folders, key=lambda f: f.count(os.sep), reverse=True):
+        _fsync(folder, final_path, directory=True)
+        count += 1
+    return count
+
+
+def sync_parent(final_path: str) -> None:
+    """Fsync the folder holding ``final_path``, so a rename onto it is on disk."""
+    _fsync(os.path.dirname(final_path), final_path, directory=True)
