@@ -29,7 +29,7 @@ import zarr
 
 import jask
 from jask.config import config
-from jask.io import faults, pins, recovery, scratch, store
+from jask.io import faults, owners, pins, recovery, scratch, store
 from jask.io.reader import CorruptChunkError, MissingChunkError
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -97,6 +97,30 @@ class _Zygotes:
             p.stdin.close()
         for p in self.procs:
             p.wait(timeout=60)
+
+
+def _leftovers(root):
+    """Hidden temporaries and scratch process folders under ``root`` whose owner process has ended."""
+    found = []
+    for folder, dirs, _ in os.walk(root):
+        for name in dirs:
+            parts = name.split("-")
+            hidden = ".jask-" in name and name.startswith(".")
+            owned = len(parts) == 3 and parts[0] == "jask" and parts[1].isdigit()
+            pid = hidden and name.rsplit("-", 2)[-2]
+            if (hidden and pid.isdigit() and owners.owner_gone(int(pid), os.path.join(folder, name))) or \
+                    (owned and owners.owner_gone(int(parts[1]), os.path.join(folder, name))):
+                found.append(os.path.join(folder, name))
+    return found
+
+
+@pytest.fixture(autouse=True)
+def _nothing_left_behind(tmp_path):
+    """After every test here, killed children included: no temporary of an ended process remains."""
+    yield
+    gc.collect()
+    left = _leftovers(tmp_path)
+    assert left == [], f"leftovers of ended processes: {left}"
 
 
 @pytest.fixture(scope="module")
@@ -175,18 +199,62 @@ def _kill_at_every_point(zygotes, tmp_path, scenario, durability):
             f"point {n} ({points[n - 1][0]}): child ended with {res}, not SIGKILL; {zygotes.log_tail()}"
         _check_kill_dir(d, scenario, swap_at, n)
 
-    if scenario == "chain":
-        # Scratch hygiene: killed children's scratch folders are swept by the next process using the dir.
-        assert os.listdir(scratch_root), "killed children that persisted should have left scratch folders"
-        rw.make_inputs(scenario, str(tmp_path / "last"))
-        (last,) = list(zygotes.run([dict(base, dir=str(tmp_path / "last"))]))
-        assert last["code"] == 0, zygotes.log_tail()
-        assert os.listdir(scratch_root) == [], f"stale scratch folders not swept: {os.listdir(scratch_root)}"
-    else:
-        assert not os.path.exists(scratch_root), "this scenario should not have needed scratch"
+    # Scratch hygiene: killed children's scratch folders (each lists the user paths it wrote beside)
+    # are swept by the next process using the dir.
+    assert os.listdir(scratch_root), "killed children should have left scratch folders"
+    if scenario != "chain":
+        stores = [d for _, dirs, _ in os.walk(scratch_root) for d in dirs if d.endswith(".zarr")]
+        assert stores == [], "this scenario should not have needed scratch stores"
+    rw.make_inputs(scenario, str(tmp_path / "last"))
+    (last,) = list(zygotes.run([dict(base, dir=str(tmp_path / "last"))]))
+    assert last["code"] == 0, zygotes.log_tail()
+    assert os.listdir(scratch_root) == [], f"stale scratch folders not swept: {os.listdir(scratch_root)}"
     print(f"{scenario}: {len(points)} fault points, {len(kill_at)} killed at, "
           f"{len(kill_at) * (len(swap_at) + 2)} arrays checked")
     return points
+
+
+@pytest.mark.parametrize("sweep_by", ["to_zarr", "cleanup_scratch"])
+def test_killed_to_zarr_leaves_nothing_after_the_next_write_or_a_cleanup(zygotes, tmp_path, sweep_by):
+    """SIGKILL in the middle of to_zarr (after a persist): the next to_zarr onto the path, or
+    jask.cleanup_scratch(), removes its hidden temporary and its scratch folder, and reports them."""
+    folder, scratch_root = str(tmp_path / "k"), str(tmp_path / "scratch")
+    rw.make_inputs("chain", folder)
+    (res,) = zygotes.run([dict(scenario="chain", dir=folder, scratch=scratch_root, fault="after_tile_write:6")])
+    assert res["signal"] == signal.SIGKILL, zygotes.log_tail()
+    out = os.path.join(folder, "out.zarr")
+    tmp = [os.path.join(folder, n) for n in _hidden(folder)]
+    dead = [os.path.join(scratch_root, n) for n in os.listdir(scratch_root)]
+    assert len(tmp) == 1 and ".out.zarr.jask-tmp-" in tmp[0] and not os.path.exists(out)
+    assert len(dead) == 1 and os.path.exists(os.path.join(dead[0], scratch.TARGETS))
+    assert sorted(_leftovers(tmp_path)) == sorted(tmp + dead)
+    if sweep_by == "to_zarr":
+        jask.to_zarr(jask.from_zarr(os.path.join(folder, "a.zarr")) + 1.0, out, overwrite=True)
+        np.testing.assert_array_equal(np.asarray(jask.from_zarr(out)), rw.A + 1)
+        assert _hidden(folder) == []
+        removed = jask.cleanup_scratch(scratch_root)          # the scratch folder is left to it
+        assert removed == dead
+    else:
+        removed = jask.cleanup_scratch(scratch_root)
+        assert sorted(removed) == sorted(tmp + dead)
+        assert jask.cleanup_scratch(scratch_root) == []
+    assert os.listdir(scratch_root) == [] and _hidden(folder) == []
+    np.testing.assert_array_equal(np.asarray(jask.from_zarr(os.path.join(folder, "a.zarr"))), rw.A)
+
+
+def test_reused_pid_does_not_keep_leftovers(tmp_path, monkeypatch):
+    """A leftover named after a live pid is still removed when that process started after it was made."""
+    alive = os.getppid()
+    stale = tmp_path / f".x.zarr.jask-tmp-{alive}-abcdef"
+    stale.mkdir()
+    (tmp_path / "x.zarr").mkdir()
+    assert recovery.sweep(str(tmp_path / "x.zarr")) == [] and stale.exists()     # its owner may be writing
+    made = os.lstat(stale).st_mtime
+    monkeypatch.setattr(owners, "process_start", lambda pid: made + owners.REUSE_MARGIN_SECONDS + 1)
+    assert recovery.sweep(str(tmp_path / "x.zarr")) == [str(stale)] and not stale.exists()
+    folder = tmp_path / "root" / f"jask-{alive}-abcd1234"
+    folder.mkdir(parents=True)
+    assert jask.cleanup_scratch(str(tmp_path / "root")) == [str(folder)]
 
 
 def test_fault_armed_through_environment(tmp_path):
@@ -209,6 +277,10 @@ def test_fault_armed_through_environment(tmp_path):
             assert proc.returncode == -signal.SIGKILL, err[-2000:]
         np.testing.assert_array_equal(_read_back(w), new if spec == "after_swap:1" else old)
         assert _hidden(folder) == []
+    killed = [os.path.join(tmp_path, "scratch", n) for n in os.listdir(tmp_path / "scratch")]
+    assert len(killed) <= 1, killed      # the killed one's, unless the other process swept it meanwhile
+    assert jask.cleanup_scratch(str(tmp_path / "scratch")) == killed
+    assert os.listdir(tmp_path / "scratch") == []
 
 
 # ---------------------------------------------------------------- the hook itself

@@ -340,7 +340,7 @@ def test_cleanup_scratch_removes_only_dead_process_folders(tmp_path):
         d.mkdir(parents=True)
         (d / "x.zarr").mkdir()
     removed = jask.cleanup_scratch(str(root))
-    assert removed == [dead.name]
+    assert removed == [str(dead)]
     assert not dead.exists()
     for d in (mine, parent, other, unrelated):
         assert d.exists(), d

@@ -215,7 +215,6 @@ def run_suite(suite: Suite):
     isolate = "system" if FLAGS.quick else FLAGS.isolate
     repeat = 1 if FLAGS.quick else FLAGS.repeat
     warmup = 0 if FLAGS.quick else FLAGS.warmup
-    os.environ["JASK_DURABILITY"] = FLAGS.durability    # read by jask.config in each subprocess
     suite.meta.update(data_dir=data_dir, data_fs=fstype, layout=FLAGS.layout, isolate=isolate, repeat=repeat,
                       warmup=warmup, time_cap=FLAGS.time_cap, backend=FLAGS.backend, durability=FLAGS.durability)
     pending = []   # (case, entries, tasks, W) for isolate == "system"
@@ -299,6 +298,7 @@ def main(argv):
     else:
         print(f"jask.bench: {suite.meta['cores']} cores, {suite.meta['cpu']}; budget {budget}; out {out_dir}",
               flush=True)
+        os.environ["JASK_DURABILITY"] = FLAGS.durability    # read by jask.config in each subprocess
         run_suite(suite)
     with open(os.path.join(out_dir, "results.md"), "w") as f:
         f.write(report.markdown(suite))

@@ -8,8 +8,10 @@ cache directory, ``$XDG_CACHE_HOME/jask/scratch`` (``~/.cache/jask/scratch``).
 
 Each process gets its own folder ``<scratch_dir>/jask-<pid>-<token>``. Stores in
 it are deleted when the arrays that own them are garbage collected, and the
-folder itself at interpreter exit. Folders whose owner pid is dead (a killed
-process) are removed the next time any process uses the same scratch dir.
+folder itself at interpreter exit. Folders whose owner is gone (a killed
+process) are removed the next time any process uses the same scratch dir, and
+with them the temporaries that process left beside the user paths it wrote
+(listed in its folder's ``targets`` file).
 """
 from __future__ import annotations
 
@@ -21,9 +23,14 @@ import shutil
 import tempfile
 import types
 
+from jask.io.owners import owner_gone, pid_alive  # noqa: F401  (pid_alive: used from here by tests)
+from jask.io.recovery import recover
+
 _RAM_FILESYSTEMS = {"tmpfs", "ramfs"}
 _counter = itertools.count()
 _process_dir: str | None = None
+_recorded: set = set()   # (process folder, user path) already noted in its TARGETS file
+TARGETS = "targets"      # in a process folder: the user paths it writes beside, one a line
 
 # Where scratch goes is a setting of ``jask.config``, which passes its live settings object in
 # (use_settings) rather than this layer importing it; read afresh at every call.
@@ -107,32 +114,54 @@ def _default_root() -> str:
     return scratch_location()[0]
 
 
-def pid_alive(pid: int) -> bool:
-    """Whether a process with this pid exists (owner checks for scratch and half-done swaps)."""
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
-
-
 def remove_stale(root: str) -> list[str]:
-    """Delete process folders under ``root`` whose owner pid is no longer alive."""
+    """Delete process folders under ``root`` whose owner has ended, and the leftovers beside the
+    user paths each recorded (:func:`record_target`); returns the absolute paths removed."""
     removed = []
     try:
         names = os.listdir(root)
     except FileNotFoundError:
         return removed
-    for name in names:
+    for name in sorted(names):
         parts = name.split("-")
-        if len(parts) == 3 and parts[0] == "jask" and parts[1].isdigit():
-            pid = int(parts[1])
-            if pid != os.getpid() and not pid_alive(pid):
-                shutil.rmtree(os.path.join(root, name), ignore_errors=True)
-                removed.append(name)
+        folder = os.path.join(os.path.abspath(root), name)
+        if len(parts) == 3 and parts[0] == "jask" and parts[1].isdigit() and owner_gone(int(parts[1]), folder):
+            removed += _sweep_targets(folder)
+            shutil.rmtree(folder, ignore_errors=True)
+            removed.append(folder)
     return removed
+
+
+def _sweep_targets(folder: str) -> list[str]:
+    try:
+        with open(os.path.join(folder, TARGETS)) as f:
+            targets = [line.rstrip("\n") for line in f if line.strip()]
+    except OSError:
+        return []
+    return [p for t in dict.fromkeys(targets) for p in recover(t)]
+
+
+def in_scratch(path: str) -> bool:
+    """Whether ``path`` lies in the scratch dir this process uses (its stores need no sweeping)."""
+    return _process_dir is not None and path.startswith(os.path.dirname(_process_dir) + os.sep)
+
+
+def record_target(path: str) -> None:
+    """Note in this process's folder that it writes beside ``path``, before it does.
+
+    Should the process be killed, whoever sweeps its folder (:func:`remove_stale`)
+    then also removes the hidden temporaries it left beside ``path``. Skipped
+    where no scratch folder can be made (the write itself does not need one).
+    """
+    try:
+        folder = process_dir()
+    except (OSError, ValueError):
+        return
+    if (folder, path) in _recorded:
+        return
+    with open(os.path.join(folder, TARGETS), "a") as f:
+        f.write(path + "\n")
+    _recorded.add((folder, path))
 
 
 def process_dir() -> str:
@@ -165,6 +194,16 @@ def new_path(tag: str = "array") -> str:
     return os.path.join(process_dir(), f"{tag}-{next(_counter)}.zarr")
 
 
-def cleanup_scratch(root: str | None = None) -> list[str]:
-    """Remove scratch folders left behind by dead processes; returns their names."""
-    return remove_stale(root or _default_root())
+def cleanup_scratch(root: str | None = None, paths=()) -> list[str]:
+    """Remove what killed processes left behind; returns the absolute paths removed.
+
+    That is their scratch folders under ``root`` (default: the scratch dir in
+    use) and the hidden temporaries (``.NAME.jask-tmp-PID-...``, ``-new-``,
+    unread ``-old-``) beside the user paths they were writing, which those
+    folders record, and beside each of ``paths``. Only leftovers whose owner
+    process has ended are touched (:mod:`jask.io.owners`).
+    """
+    removed = remove_stale(root or _default_root())
+    for p in paths:
+        removed += recover(os.path.abspath(os.fspath(p)))
+    return removed

@@ -30,10 +30,10 @@ import weakref
 import numpy as np
 import zarr
 
-from jask.io import dtypes, durable, faults
+from jask.io import dtypes, durable, faults, scratch
 from jask.io.layout import describe_region
 from jask.io.pins import Pin, drop_retired, folder_deleted, pin_current, remove_tree
-from jask.io.recovery import settle, sweep
+from jask.io.recovery import recover, settle, sweep
 from jask.io.writer import make_chunk_writer
 
 
@@ -204,6 +204,9 @@ class PendingStore:
         self.final_path = os.path.abspath(final_path)
         self.what = describe_array(shape, dtype, self.final_path)
         os.makedirs(os.path.dirname(self.final_path), exist_ok=True)
+        if not scratch.in_scratch(self.final_path):   # a user path: note it, sweep what killed writers left
+            scratch.record_target(self.final_path)
+            recover(self.final_path)
         self.tmp_path = _sibling(self.final_path, "tmp")
         shards = None if shards is None else tuple(int(s) for s in shards)
         if shards is not None:
