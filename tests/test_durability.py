@@ -12,7 +12,7 @@ import pytest
 import zarr
 
 import jask
-from jask.io import faults
+from jask.io import durable, faults
 
 SHAPE = (8, 12)
 
@@ -116,3 +116,18 @@ def test_failure_at_each_fsync_leaves_old_or_new(small_tiles, tmp_path):
         np.testing.assert_array_equal(got, new if last else old, err_msg=f"fsync {n} of {n_fsync}")
         np.testing.assert_array_equal(np.asarray(jask.from_zarr(path)), new if last else old)
         assert [f for f in os.listdir(tmp_path) if ".jask-" in f] == [], f"fsync {n}: leftovers"
+
+
+@pytest.mark.parametrize("shards", [None, (4, 12)])
+def test_power_starts_writeback_of_each_chunk_file_as_written(small_tiles, tmp_path, monkeypatch, shards):
+    started = []
+    monkeypatch.setattr(durable, "start_writeback", lambda fd: started.append(os.fstat(fd).st_ino))
+    value = _ints(5)
+    jask.to_zarr(jask.from_numpy(value) * 1.0, str(tmp_path / "p.zarr"), shards=shards)
+    assert started == []                                          # durability "process"
+    jask.config.update("durability", "power")
+    jask.to_zarr(jask.from_numpy(value) * 1.0, str(tmp_path / "q.zarr"), shards=shards)
+    files, _ = _files_and_folders(str(tmp_path / "q.zarr"))
+    chunk_inodes = {os.lstat(os.path.join(tmp_path, "q.zarr", f)).st_ino for f in files if f != "zarr.json"}
+    assert set(started) == chunk_inodes and len(started) >= len(chunk_inodes)   # every chunk or shard file
+    np.testing.assert_array_equal(np.asarray(jask.from_zarr(str(tmp_path / "q.zarr"))), value)

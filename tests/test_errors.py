@@ -506,8 +506,12 @@ def test_tmpfs_scratch_dir_refused():
     fstype = _shm()
     target = "/dev/shm/jask-test-scratch-never-created"
     before = (config.scratch_dir, config.memory_budget)
-    with pytest.raises(ValueError, match=f"is on {fstype}"):
+    with pytest.raises(jask.TmpfsScratchError, match=f"is on {fstype}.*JASK_SCRATCH_DIR.*scratch_dir=") as info:
         jask.set_memory_budget("256MB", scratch_dir=target)
+    assert info.value.path == target and info.value.disks == scratch.real_disks()
+    for mount, kind in info.value.disks:                     # the real disks it found are named
+        assert f"{mount} ({kind})" in str(info.value)
+    assert all(kind not in ("tmpfs", "ramfs", "proc") for _, kind in info.value.disks)
     with pytest.raises(ValueError, match="allow_tmpfs=True"):
         jask.config.update("scratch_dir", target)
     assert (config.scratch_dir, config.memory_budget) == before
@@ -516,6 +520,22 @@ def test_tmpfs_scratch_dir_refused():
     jask.set_memory_budget("256MB", scratch_dir=target, allow_tmpfs=True)
     assert config.scratch_dir == target and config.allow_tmpfs
     assert not os.path.exists(target)
+
+
+def test_materialize_over_the_budget_is_refused_unless_allowed(small_tiles):
+    jask.set_memory_budget("64KB")
+    a = np.arange(160 * 120, dtype=np.float32).reshape(160, 120)       # 75 KiB
+    x = jask.from_numpy(a) * 2.0
+    with jask.profile() as prof:
+        with pytest.raises(jask.OverBudgetError, match=r"shape \(160, 120\) takes 75.00 KiB, more than the "
+                           r"memory budget of 62.50 KiB; pass materialize\(x, allow_over_budget=True\)") as info:
+            jask.materialize(x)
+        with pytest.raises(jask.OverBudgetError):
+            jax.jit(jask.materialize)(x)
+    assert (info.value.nbytes, info.value.budget) == (a.nbytes, 64000)
+    assert prof.tiles == 0 and prof.bytes_read == 0                      # refused before any work
+    np.testing.assert_array_equal(np.asarray(jask.materialize(x, allow_over_budget=True)), 2 * a)
+    np.testing.assert_array_equal(np.asarray(jask.materialize(x[:80])), 2 * a[:80])   # within: as before
 
 
 def test_filesystem_type():

@@ -1,12 +1,16 @@
 """Sinks: the calls that make the lazy graph run (materialize, to_zarr, update_, persist)."""
 from __future__ import annotations
 
+import math
 import os
 
 import jax
 import numpy as np
 
+from jask.api.errors import OverBudgetError
+from jask.config import config
 from jask.exec.driver import run
+from jask.exec.progress import fmt_bytes
 from jask.exec.sinks import MemorySink, PathSink, ScratchSink
 from jask.graph.nodes import StoredNode
 from jask.hijax import compat, runtime
@@ -29,13 +33,23 @@ def to_numpy(x: DiskArray) -> np.ndarray:
     return np.asarray(out)
 
 
-def materialize(x) -> jax.Array:
+def materialize(x, allow_over_budget: bool = False) -> jax.Array:
     """Compute a DiskArray into one in-memory ``jax.Array``.
 
     The only call that builds a whole array in memory, so use it for results
-    that fit. Works eagerly and under ``jit``.
+    that fit. Works eagerly and under ``jit``. An array larger than the memory
+    budget raises :class:`~jask.api.errors.OverBudgetError` before anything is
+    computed, unless ``allow_over_budget=True`` says that is meant.
     """
     _require("materialize", x)
+    nbytes = math.prod(x.shape) * np.dtype(x.dtype).itemsize
+    if nbytes > config.memory_budget and not allow_over_budget:
+        raise OverBudgetError(
+            f"materialize: the {np.dtype(x.dtype)} array of shape {tuple(x.shape)} takes {fmt_bytes(nbytes)}, "
+            f"more than the memory budget of {fmt_bytes(config.memory_budget)}; pass "
+            "materialize(x, allow_over_budget=True) to build it in memory anyway, raise the budget with "
+            "jask.set_memory_budget(...), or keep it on disk (jask.to_zarr, or reduce it first)",
+            nbytes, config.memory_budget)
     if not compat.is_traced(x):
         runtime.safe_point()
     return MaterializePrimitive(type_of(x))(x)

@@ -82,18 +82,48 @@ def cache_scratch_dir() -> str:
     return os.path.join(cache, "jask", "scratch")
 
 
+class TmpfsScratchError(ValueError):
+    """The scratch dir chosen is on a RAM filesystem; ``disks`` lists the mounted real disks found."""
+
+    def __init__(self, message, path, disks):
+        super().__init__(message)
+        self.path, self.disks = path, disks
+
+
+_DISK_FILESYSTEMS = {"ext2", "ext3", "ext4", "xfs", "btrfs", "zfs", "f2fs", "jfs", "reiserfs", "bcachefs",
+                     "overlay", "nfs", "nfs4", "cifs", "smb3", "lustre", "gpfs", "beegfs", "ceph", "fuseblk"}
+
+
+def real_disks(limit: int = 8) -> list[tuple[str, str]]:
+    """Mounted folders on disk filesystems, as ``(mount point, type)``, from /proc/mounts."""
+    found = []
+    try:
+        with open("/proc/mounts") as f:
+            for line in f:
+                parts = line.split()
+                if len(parts) >= 3 and parts[2] in _DISK_FILESYSTEMS:
+                    mount = parts[1].replace("\\040", " ")
+                    if os.path.isdir(mount) and all(m != mount for m, _ in found):
+                        found.append((mount, parts[2]))
+    except OSError:
+        pass
+    return found[:limit]
+
+
 def check_scratch_dir(path: str, allow_tmpfs: bool) -> None:
-    """Refuse a scratch dir on a RAM-backed filesystem unless explicitly allowed."""
+    """Refuse a scratch dir on a RAM-backed filesystem unless explicitly allowed (:class:`TmpfsScratchError`)."""
     fstype = _fstype_of(path)
     if fstype in _RAM_FILESYSTEMS and not allow_tmpfs:
         fallback = cache_scratch_dir()
         hint = (f"the default when $TMPDIR is on tmpfs is {fallback!r}; "
                 if _fstype_of(fallback) not in _RAM_FILESYSTEMS else "")
-        raise ValueError(
+        disks = real_disks()
+        listed = ", ".join(f"{m} ({t})" for m, t in disks) or "none found in /proc/mounts"
+        raise TmpfsScratchError(
             f"scratch dir {path!r} is on {fstype}, which lives in RAM and would defeat the memory "
-            f"budget; choose a folder on a real disk with JASK_SCRATCH_DIR or "
-            f"jask.set_memory_budget(..., scratch_dir=...) ({hint}leave both unset to use it), "
-            "or pass allow_tmpfs=True to use it anyway")
+            f"budget; choose a folder on a real disk with the environment variable JASK_SCRATCH_DIR or "
+            f"jask.set_memory_budget(..., scratch_dir=...) ({hint}leave both unset to use it); "
+            f"real disks mounted here: {listed}; or pass allow_tmpfs=True to use it anyway", path, disks)
 
 
 def scratch_location() -> tuple[str, str]:

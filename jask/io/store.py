@@ -204,9 +204,11 @@ class PendingStore:
         self.final_path = os.path.abspath(final_path)
         self.what = describe_array(shape, dtype, self.final_path)
         os.makedirs(os.path.dirname(self.final_path), exist_ok=True)
-        if not scratch.in_scratch(self.final_path):   # a user path: note it, sweep what killed writers left
+        user = not scratch.in_scratch(self.final_path)
+        if user:                                       # note the path, sweep what killed writers left
             scratch.record_target(self.final_path)
             recover(self.final_path)
+        early = durable.start_writeback if user and durable.mode() == "power" else None
         self.tmp_path = _sibling(self.final_path, "tmp")
         shards = None if shards is None else tuple(int(s) for s in shards)
         if shards is not None:
@@ -218,7 +220,7 @@ class PendingStore:
                 shards=shards, compressors=compressors, fill_value=0, zarr_format=3,
                 config={"write_empty_chunks": True},
                 attributes={"jask": {"dense": True, **dtypes.dtype_attributes(dtype)}})
-            self._writer = make_chunk_writer(self.array, self.tmp_path)
+            self._writer = make_chunk_writer(self.array, self.tmp_path, on_written=early)
             if faults.hook is not None:
                 faults.fire("after_create", path=self.final_path)
         except BaseException as e:
