@@ -307,6 +307,52 @@ def test_from_zarr_bad_mode_and_type(tmp_path):
         jask.from_zarr(42)
 
 
+def _tree(root):
+    """Every entry under ``root`` with its bytes (files) or None (folders): to show nothing was touched."""
+    out = {}
+    for folder, dirs, files in os.walk(root):
+        out.update({os.path.relpath(os.path.join(folder, d), root): None for d in dirs})
+        for f in files:
+            with open(os.path.join(folder, f), "rb") as fh:
+                out[os.path.relpath(os.path.join(folder, f), root)] = fh.read()
+    return out
+
+
+def test_to_zarr_refuses_to_replace_what_is_not_a_zarr_array(small_tiles, tmp_path):
+    """overwrite=True replaces Zarr arrays only: a file, a plain folder, a path under a file are refused
+    before any tile is computed, and nothing on disk changes."""
+    (tmp_path / "file.bin").write_bytes(b"mine")
+    (tmp_path / "plain").mkdir()
+    (tmp_path / "plain" / "notes.txt").write_text("mine too")
+    before = _tree(tmp_path)
+    x = jask.from_numpy(_rand((5, 7))) * 2.0
+    cases = [("file.bin", FileExistsError, "is a file, not a Zarr array"),
+             ("plain", FileExistsError, "holds no Zarr array"),
+             ("file.bin/x.zarr", NotADirectoryError, "file.bin is a file, not a folder")]
+    with jask.profile() as prof:
+        for name, err, text in cases:
+            with pytest.raises(err, match=re.escape(text)) as info:
+                jask.to_zarr(x, tmp_path / name, overwrite=True)
+            assert str(tmp_path / name) in str(info.value)
+    assert prof.tiles == 0 and prof.bytes_written == 0
+    assert _tree(tmp_path) == before
+
+
+def test_to_zarr_into_a_read_only_folder(small_tiles, tmp_path):
+    if os.geteuid() == 0:
+        pytest.skip("root writes into read-only folders: permissions cannot be tested as root")
+    ro = tmp_path / "ro"
+    ro.mkdir()
+    ro.chmod(0o555)
+    try:
+        with jask.profile() as prof:
+            with pytest.raises(PermissionError, match=f"{re.escape(str(ro))} is not writable"):
+                jask.to_zarr(jask.from_numpy(_rand((5, 7))) * 2.0, ro / "x.zarr")
+        assert prof.tiles == 0 and os.listdir(ro) == []
+    finally:
+        ro.chmod(0o755)
+
+
 def test_update_read_only_store(small_tiles, tmp_path):
     A = _rand((5, 7))
     p = tmp_path / "ro.zarr"

@@ -436,13 +436,15 @@ def _damaged(tmp_path, layout, damage):
         f.unlink()
     elif damage == "truncated":
         f.write_bytes(raw[:len(raw) // 2])
+    elif damage == "tail_cut":                # a shard's index (at its end) cut short by 8 bytes
+        f.write_bytes(raw[:-8])
     else:
         f.write_bytes(np.random.default_rng(0).bytes(len(raw)))
     return p, data
 
 
 @pytest.mark.parametrize("layout", LAYOUTS)
-@pytest.mark.parametrize("damage", ["missing", "truncated", "garbage"])
+@pytest.mark.parametrize("damage", ["missing", "truncated", "tail_cut", "garbage"])
 def test_damaged_chunk_is_named(small_tiles, tmp_path, layout, damage):
     """Missing, truncated or (where detectable) garbled chunks raise errors naming the chunk key and store."""
     p, data = _damaged(tmp_path, layout, damage)

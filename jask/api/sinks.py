@@ -16,6 +16,7 @@ from jask.graph.nodes import StoredNode
 from jask.hijax import compat, runtime
 from jask.hijax.array import DiskArray, is_disk_array, type_of
 from jask.hijax.sinks import MaterializePrimitive, PersistPrimitive
+from jask.io.destinations import check_destination
 
 
 def _require(name, x):
@@ -60,7 +61,8 @@ def to_zarr(x, path, overwrite: bool = False, chunks=None, compressors=None, sha
 
     An existing ``path`` is refused unless ``overwrite=True``, in which case the
     old array stays readable until the new one is complete, and arrays already
-    open on it keep their old values. ``shards`` writes the sharded layout (a
+    open on it keep their old values. Only a Zarr array is ever replaced: a file
+    or another folder at ``path`` is refused before anything is computed. ``shards`` writes the sharded layout (a
     shard file per ``shards`` block of ``chunks``-sized tiles), the fastest to
     stream.
     """
@@ -68,8 +70,7 @@ def to_zarr(x, path, overwrite: bool = False, chunks=None, compressors=None, sha
     if compat.is_traced(x):
         raise TypeError("to_zarr cannot run inside jit; return the DiskArray and write it afterwards")
     path = os.path.abspath(os.fspath(path))
-    if os.path.exists(path) and not overwrite:
-        raise FileExistsError(f"to_zarr: {path} already exists; pass overwrite=True to replace it")
+    check_destination(path, overwrite)
     if chunks is not None:
         chunks = tuple(int(c) for c in chunks)
         if len(chunks) != x.ndim or any(c < 1 for c in chunks):
