@@ -50,6 +50,7 @@ _EXPECTED = {
     "optim": {"p1.zarr": (P1, P1 - 0.5 * (P1 - A)), "p2.zarr": (P2, P2 - 0.5 * (P2 - B))},
 }
 SCENARIOS = tuple(_EXPECTED)
+RESUME_TILE = 2       # the "resume" scenario (not in SCENARIOS): to_zarr(2a + b, resume=True), 16 tiles
 
 
 def expected(scenario):
@@ -62,7 +63,8 @@ def make_inputs(scenario, folder):
     import zarr
     os.makedirs(folder, exist_ok=True)
     arrays = {"a.zarr": A, "b.zarr": B}
-    arrays.update({name: old for name, (old, _) in expected(scenario).items() if old is not None})
+    if scenario != "resume":
+        arrays.update({name: old for name, (old, _) in expected(scenario).items() if old is not None})
     for name, value in arrays.items():
         z = zarr.create_array(os.path.join(folder, name), shape=SHAPE, dtype=np.float32, chunks=(TILE, TILE),
                               compressors=None, fill_value=0)
@@ -90,6 +92,9 @@ def run_scenario(scenario, folder):
         g1, g2 = p1 - a, p2 - b
         p1.update_(p1 - g1 * 0.5)
         p2.update_(p2 - g2 * 0.5)
+    elif scenario == "resume":                            # killed, then continued by the parent
+        jask.config.update("tile", RESUME_TILE)
+        jask.to_zarr(a * 2.0 + b, p("out.zarr"), resume=True)
     else:
         raise SystemExit(f"unknown scenario {scenario}")
 

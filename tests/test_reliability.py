@@ -242,6 +242,54 @@ def test_killed_to_zarr_leaves_nothing_after_the_next_write_or_a_cleanup(zygotes
     np.testing.assert_array_equal(np.asarray(jask.from_zarr(os.path.join(folder, "a.zarr"))), rw.A)
 
 
+def test_resume_after_sigkill_computes_only_the_missing_tiles(zygotes, tmp_path):
+    """to_zarr(..., resume=True) killed after k of 16 tiles: the next one with resume=True computes the
+    other 16 - k, reads and writes only their share, and gives the uninterrupted result."""
+    jask.config.update("tile", rw.RESUME_TILE)
+    rw.make_inputs("resume", str(tmp_path / "full"))
+    a, b = (jask.from_zarr(tmp_path / "full" / n) for n in ("a.zarr", "b.zarr"))
+    with jask.profile() as full:
+        jask.to_zarr(a * 2.0 + b, tmp_path / "full" / "out.zarr", resume=True)
+    assert full.tiles == 16
+    points = [("after_tile_write", k) for k in (1, 8, 15)] + [("before_commit", 1)]
+    folders = [str(tmp_path / f"k{i}") for i in range(len(points))]
+    for d in folders:
+        rw.make_inputs("resume", d)
+    results = zygotes.run([dict(scenario="resume", dir=d, scratch=str(tmp_path / "scratch"), fault=f"{p}:{k}")
+                           for (p, k), d in zip(points, folders)])
+    for (point, k), res, d in zip(points, results, folders):
+        assert res["signal"] == signal.SIGKILL, zygotes.log_tail()
+        assert len(_hidden(d)) == 1 and not os.path.exists(os.path.join(d, "out.zarr"))
+        jask.from_zarr(os.path.join(d, "a.zarr"))            # recovery on a neighbour keeps the partial write
+        assert len(_hidden(d)) == 1
+        done = 16 if point == "before_commit" else k
+        a, b = (jask.from_zarr(os.path.join(d, n)) for n in ("a.zarr", "b.zarr"))
+        with jask.profile() as prof:
+            jask.to_zarr(a * 2.0 + b, os.path.join(d, "out.zarr"), resume=True)
+        assert prof.tiles == 16 - done, (point, k)
+        assert prof.bytes_read == full.bytes_read * (16 - done) // 16
+        assert prof.bytes_written == full.bytes_written * (16 - done) // 16
+        np.testing.assert_array_equal(zarr.open_array(os.path.join(d, "out.zarr"), mode="r")[...], 2 * rw.A + rw.B)
+        assert _hidden(d) == [] and ".jask-chunks" not in os.listdir(os.path.join(d, "out.zarr"))
+    jask.cleanup_scratch(str(tmp_path / "scratch"))
+
+
+def test_a_write_without_resume_removes_a_resumable_leftover(zygotes, tmp_path):
+    d = str(tmp_path / "k")
+    rw.make_inputs("resume", d)
+    (res,) = zygotes.run([dict(scenario="resume", dir=d, scratch=str(tmp_path / "scratch"),
+                               fault="after_tile_write:5")])
+    assert res["signal"] == signal.SIGKILL and len(_hidden(d)) == 1
+    jask.config.update("tile", rw.RESUME_TILE)
+    a = jask.from_zarr(os.path.join(d, "a.zarr"))
+    with jask.profile() as prof:
+        jask.to_zarr(a * 3.0, os.path.join(d, "out.zarr"))
+    assert prof.tiles == 16 and _hidden(d) == []
+    np.testing.assert_array_equal(zarr.open_array(os.path.join(d, "out.zarr"), mode="r")[...], 3 * rw.A)
+    removed = jask.cleanup_scratch(str(tmp_path / "scratch"))
+    assert len(removed) == 1
+
+
 def test_reused_pid_does_not_keep_leftovers(tmp_path, monkeypatch):
     """A leftover named after a live pid is still removed when that process started after it was made."""
     alive = os.getppid()

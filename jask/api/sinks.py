@@ -56,7 +56,8 @@ def materialize(x, allow_over_budget: bool = False) -> jax.Array:
     return MaterializePrimitive(type_of(x))(x)
 
 
-def to_zarr(x, path, overwrite: bool = False, chunks=None, compressors=None, shards=None) -> None:
+def to_zarr(x, path, overwrite: bool = False, chunks=None, compressors=None, shards=None,
+            resume: bool = False) -> None:
     """Write ``x`` to a Zarr v3 array at ``path``; it appears only once complete.
 
     An existing ``path`` is refused unless ``overwrite=True``, in which case the
@@ -65,6 +66,12 @@ def to_zarr(x, path, overwrite: bool = False, chunks=None, compressors=None, sha
     or another folder at ``path`` is refused before anything is computed. ``shards`` writes the sharded layout (a
     shard file per ``shards`` block of ``chunks``-sized tiles), the fastest to
     stream.
+
+    ``resume=True`` makes a killed write resumable: it records each chunk as it
+    lands, and a later ``to_zarr`` of the same array to the same path with
+    ``resume=True`` continues it, computing only the tiles not yet on disk
+    (uncompressed, unsharded arrays; otherwise it starts afresh). A write
+    without it removes what a killed one left.
     """
     _require("to_zarr", x)
     if compat.is_traced(x):
@@ -77,7 +84,8 @@ def to_zarr(x, path, overwrite: bool = False, chunks=None, compressors=None, sha
             raise ValueError(f"to_zarr: chunks {chunks} do not fit an array of shape {x.shape}")
     runtime.safe_point()
     run([x._node], lambda node, tile: PathSink(
-        node, tile, path, overwrite=overwrite, chunks=chunks, compressors=compressors, shards=shards))
+        node, tile, path, overwrite=overwrite, chunks=chunks, compressors=compressors, shards=shards,
+        resume=resume))
 
 
 def rechunk(x, chunks, shards=None) -> DiskArray:

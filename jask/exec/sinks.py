@@ -44,10 +44,12 @@ class PathSink:
     counts_io = True
 
     def __init__(self, node, tile, path, overwrite=False, writable=False, chunks=None, compressors=None,
-                 shards=None):
+                 shards=None, resume=False):
         self.overwrite, self.writable = overwrite, writable
         self.pending = PendingStore(path, node.shape, node.dtype, chunks or block_shape(node.shape, tile),
-                                    compressors=compressors, shards=shards)
+                                    compressors=compressors, shards=shards, resume=resume)
+        # resume=True: the executor skips tiles a killed earlier write already put on disk
+        self.done = self.pending.done if resume else None
 
     def write(self, reg, tile):
         self.pending.write(reg, tile)

@@ -11,6 +11,7 @@ import time
 
 from jask.io.pins import drop_retired, is_retired, remove_tree
 from jask.io.owners import owner_gone
+from jask.io.resume import resumable
 
 
 SWAP_WAIT_SECONDS = 10.0   # how long open_existing waits for another process's two-rename swap
@@ -33,13 +34,14 @@ def _siblings(path: str, kind: str = "") -> list[str]:
     return sorted(glob.glob(os.path.join(head, f".{glob.escape(name)}.jask-{kind}*")))
 
 
-def recover(path: str) -> list[str]:
+def recover(path: str, keep_resumable: bool = True) -> list[str]:
     """Finish or undo a replacement of ``path`` that a crash interrupted, and sweep leftovers.
 
     Only a dead process's swap (or this process's own) is finished: a live
     process may be between its two renames. If ``path`` is missing, a ``-new-``
     sibling (only ever a complete array) wins, otherwise an ``-old-`` one is put
     back. Then :func:`sweep` removes what is left over; returns what it removed.
+    ``keep_resumable=False`` also removes what a ``resume=True`` write could continue.
     """
     path = os.path.abspath(path)
     if not os.path.exists(path):
@@ -51,16 +53,17 @@ def recover(path: str) -> list[str]:
                 except OSError:
                     pass    # another process recovered it first
                 break
-    return sweep(path)
+    return sweep(path, keep_resumable)
 
 
-def sweep(path: str) -> list[str]:
+def sweep(path: str, keep_resumable: bool = True) -> list[str]:
     """Remove ``-tmp-``/``-new-`` siblings of ended processes and ``-old-`` ones nobody reads; returns them.
 
     An ``-old-`` sibling is a replaced array: it goes once no process holds a
     pin on it (whatever process replaced it), and only while ``path`` exists.
     This process's own siblings stay (another thread may be writing them),
-    unless they predate it (:func:`jask.io.owners.owner_gone`).
+    unless they predate it (:func:`jask.io.owners.owner_gone`). With ``keep_resumable``
+    a ``-tmp-`` folder a ``resume=True`` write can continue stays (:mod:`jask.io.resume`).
     """
     exists = os.path.exists(path)
     removed = []
@@ -70,7 +73,7 @@ def sweep(path: str) -> list[str]:
                 removed.append(leftover)
             continue
         pid = _owner(leftover)
-        if pid is not None and owner_gone(pid, leftover):
+        if pid is not None and owner_gone(pid, leftover) and not (keep_resumable and resumable(leftover)):
             remove_tree(leftover)
             removed.append(leftover)
     return removed

@@ -144,7 +144,7 @@ def _default_root() -> str:
     return scratch_location()[0]
 
 
-def remove_stale(root: str) -> list[str]:
+def remove_stale(root: str, keep_resumable: bool = True) -> list[str]:
     """Delete process folders under ``root`` whose owner has ended, and the leftovers beside the
     user paths each recorded (:func:`record_target`); returns the absolute paths removed."""
     removed = []
@@ -156,19 +156,19 @@ def remove_stale(root: str) -> list[str]:
         parts = name.split("-")
         folder = os.path.join(os.path.abspath(root), name)
         if len(parts) == 3 and parts[0] == "jask" and parts[1].isdigit() and owner_gone(int(parts[1]), folder):
-            removed += _sweep_targets(folder)
+            removed += _sweep_targets(folder, keep_resumable)
             shutil.rmtree(folder, ignore_errors=True)
             removed.append(folder)
     return removed
 
 
-def _sweep_targets(folder: str) -> list[str]:
+def _sweep_targets(folder: str, keep_resumable: bool) -> list[str]:
     try:
         with open(os.path.join(folder, TARGETS)) as f:
             targets = [line.rstrip("\n") for line in f if line.strip()]
     except OSError:
         return []
-    return [p for t in dict.fromkeys(targets) for p in recover(t)]
+    return [p for t in dict.fromkeys(targets) for p in recover(t, keep_resumable)]
 
 
 def in_scratch(path: str) -> bool:
@@ -230,10 +230,11 @@ def cleanup_scratch(root: str | None = None, paths=()) -> list[str]:
     That is their scratch folders under ``root`` (default: the scratch dir in
     use) and the hidden temporaries (``.NAME.jask-tmp-PID-...``, ``-new-``,
     unread ``-old-``) beside the user paths they were writing, which those
-    folders record, and beside each of ``paths``. Only leftovers whose owner
+    folders record, and beside each of ``paths``, including partial writes a
+    ``to_zarr(..., resume=True)`` could continue. Only leftovers whose owner
     process has ended are touched (:mod:`jask.io.owners`).
     """
-    removed = remove_stale(root or _default_root())
+    removed = remove_stale(root or _default_root(), keep_resumable=False)
     for p in paths:
-        removed += recover(os.path.abspath(os.fspath(p)))
+        removed += recover(os.path.abspath(os.fspath(p)), keep_resumable=False)
     return removed
