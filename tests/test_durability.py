@@ -6,10 +6,15 @@ and fails fsyncs in this process.
 """
 import errno
 import os
+import shutil
+import subprocess
+import sys
 
 import numpy as np
 import pytest
 import zarr
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 import jask
 from jask.io import durable, faults
@@ -131,3 +136,52 @@ def test_power_starts_writeback_of_each_chunk_file_as_written(small_tiles, tmp_p
     chunk_inodes = {os.lstat(os.path.join(tmp_path, "q.zarr", f)).st_ino for f in files if f != "zarr.json"}
     assert set(started) == chunk_inodes and len(started) >= len(chunk_inodes)   # every chunk or shard file
     np.testing.assert_array_equal(np.asarray(jask.from_zarr(str(tmp_path / "q.zarr"))), value)
+
+
+# ---------------------------------------------------------------- resume, as a property
+
+def _dead_pid(_seen=[]):
+    """The pid of a process that has exited (made once)."""
+    if not _seen:
+        proc = subprocess.Popen([sys.executable, "-c", "pass"])
+        proc.wait()
+        _seen.append(proc.pid)
+    return _seen[0]
+
+
+@settings(max_examples=12)
+@given(shape=st.tuples(st.integers(1, 13), st.integers(1, 13)), tile=st.integers(2, 5),
+       stop_at=st.integers(1, 40), durability=st.sampled_from(["process", "power"]))
+def test_resume_continues_any_interrupted_write(tmp_path_factory, shape, tile, stop_at, durability):
+    """A write stopped after ``stop_at`` tiles, its folder left as a killed process's: resume=True
+    computes exactly the tiles whose chunks are not journaled, and the result is exact."""
+    folder = tmp_path_factory.mktemp("resume")
+    out = str(folder / "out.zarr")
+    jask.config.update("tile", tile)
+    jask.config.update("durability", durability)
+    value = np.random.default_rng(sum(shape) * tile).integers(-9, 10, shape).astype(np.float32)
+    x = jask.from_numpy(value)
+    n_tiles = -(-shape[0] // tile) * -(-shape[1] // tile)
+    dead = str(folder / f".out.zarr.jask-tmp-{_dead_pid()}-abcdef")
+
+    def stop(point, info):                      # leave a copy as a killed process would, then fail
+        if point == "after_tile_write" and info["path"] == out:
+            stop.seen += 1
+            if stop.seen == stop_at:
+                live = [n for n in os.listdir(folder) if ".jask-tmp-" in n]
+                shutil.copytree(os.path.join(folder, live[0]), dead)
+                raise OSError(errno.EIO, "stopped")
+    stop.seen = 0
+    with faults.armed(stop):
+        try:
+            jask.to_zarr(x * 2.0 - 1.0, out, resume=True)
+        except OSError:
+            pass
+    if stop_at <= n_tiles:
+        assert not os.path.exists(out) and os.path.exists(dead)
+        with jask.profile() as prof:
+            jask.to_zarr(x * 2.0 - 1.0, out, resume=True)
+        assert prof.tiles == n_tiles - stop_at               # every tile written had its chunk journaled
+    np.testing.assert_array_equal(zarr.open_array(out, mode="r")[...], 2 * value - 1)
+    assert [n for n in os.listdir(folder) if ".jask-" in n] == []
+    shutil.rmtree(folder)

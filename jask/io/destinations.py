@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import os
 
+from jask.io.recovery import recover
+
 
 def is_zarr_array(path: str) -> bool:
     """Whether the folder ``path`` holds Zarr array metadata (v3 ``zarr.json`` or v2 ``.zarray``)."""
@@ -21,6 +23,7 @@ def check_destination(path: str, overwrite: bool, call: str = "to_zarr") -> None
     an array without ``overwrite``), ``NotADirectoryError`` (a parent is a
     file) or ``PermissionError`` (the folder it goes in is not writable).
     """
+    recover(path)          # a killed process's half-done replacement is finished first: see what is there
     if os.path.lexists(path):
         if not overwrite:
             raise FileExistsError(f"{call}: {path} already exists; pass overwrite=True to replace it")
