@@ -50,7 +50,7 @@ _EXPECTED = {
     "optim": {"p1.zarr": (P1, P1 - 0.5 * (P1 - A)), "p2.zarr": (P2, P2 - 0.5 * (P2 - B))},
 }
 SCENARIOS = tuple(_EXPECTED)
-RESUME_TILE = 2       # the "resume" scenario (not in SCENARIOS): to_zarr(2a + b, resume=True), 16 tiles
+RESUME_TILE = 2       # "resume", "resume-update" (not in SCENARIOS): to_zarr(2a + b) / w.update_(3w + a), 16 tiles
 
 
 def expected(scenario):
@@ -63,10 +63,13 @@ def make_inputs(scenario, folder):
     import zarr
     os.makedirs(folder, exist_ok=True)
     arrays = {"a.zarr": A, "b.zarr": B}
-    if scenario != "resume":
+    if scenario == "resume-update":
+        arrays["w.zarr"] = W
+    elif scenario != "resume":
         arrays.update({name: old for name, (old, _) in expected(scenario).items() if old is not None})
+    edge = RESUME_TILE if scenario.startswith("resume") else TILE
     for name, value in arrays.items():
-        z = zarr.create_array(os.path.join(folder, name), shape=SHAPE, dtype=np.float32, chunks=(TILE, TILE),
+        z = zarr.create_array(os.path.join(folder, name), shape=SHAPE, dtype=np.float32, chunks=(edge, edge),
                               compressors=None, fill_value=0)
         z[...] = value
 
@@ -95,6 +98,10 @@ def run_scenario(scenario, folder):
     elif scenario == "resume":                            # killed, then continued by the parent
         jask.config.update("tile", RESUME_TILE)
         jask.to_zarr(a * 2.0 + b, p("out.zarr"), resume=True)
+    elif scenario == "resume-update":
+        jask.config.update("tile", RESUME_TILE)
+        w = jask.from_zarr(p("w.zarr"), mode="r+")
+        w.update_(w * 3.0 + a, resume=True)
     else:
         raise SystemExit(f"unknown scenario {scenario}")
 

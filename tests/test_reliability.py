@@ -242,20 +242,31 @@ def test_killed_to_zarr_leaves_nothing_after_the_next_write_or_a_cleanup(zygotes
     np.testing.assert_array_equal(np.asarray(jask.from_zarr(os.path.join(folder, "a.zarr"))), rw.A)
 
 
-def test_resume_after_sigkill_computes_only_the_missing_tiles(zygotes, tmp_path):
-    """to_zarr(..., resume=True) killed after k of 16 tiles: the next one with resume=True computes the
-    other 16 - k, reads and writes only their share, and gives the uninterrupted result."""
+def _resumed_write(scenario, d):
+    """The parent's rerun of a resume scenario in folder ``d``; returns (array path, expected value)."""
+    a, b = (jask.from_zarr(os.path.join(d, n)) for n in ("a.zarr", "b.zarr"))
+    if scenario == "resume":
+        jask.to_zarr(a * 2.0 + b, os.path.join(d, "out.zarr"), resume=True)
+        return os.path.join(d, "out.zarr"), 2 * rw.A + rw.B
+    w = jask.from_zarr(os.path.join(d, "w.zarr"), mode="r+")
+    w.update_(w * 3.0 + a, resume=True)
+    return os.path.join(d, "w.zarr"), 3 * rw.W + rw.A
+
+
+@pytest.mark.parametrize("scenario", ["resume", "resume-update"])
+def test_resume_after_sigkill_computes_only_the_missing_tiles(zygotes, tmp_path, scenario):
+    """to_zarr / update_ with resume=True killed after k of 16 tiles: the next one with resume=True
+    computes the other 16 - k, reads and writes only their share, and gives the uninterrupted result."""
     jask.config.update("tile", rw.RESUME_TILE)
-    rw.make_inputs("resume", str(tmp_path / "full"))
-    a, b = (jask.from_zarr(tmp_path / "full" / n) for n in ("a.zarr", "b.zarr"))
+    rw.make_inputs(scenario, str(tmp_path / "full"))
     with jask.profile() as full:
-        jask.to_zarr(a * 2.0 + b, tmp_path / "full" / "out.zarr", resume=True)
+        _resumed_write(scenario, str(tmp_path / "full"))
     assert full.tiles == 16
     points = [("after_tile_write", k) for k in (1, 8, 15)] + [("before_commit", 1)]
     folders = [str(tmp_path / f"k{i}") for i in range(len(points))]
     for d in folders:
-        rw.make_inputs("resume", d)
-    results = zygotes.run([dict(scenario="resume", dir=d, scratch=str(tmp_path / "scratch"), fault=f"{p}:{k}")
+        rw.make_inputs(scenario, d)
+    results = zygotes.run([dict(scenario=scenario, dir=d, scratch=str(tmp_path / "scratch"), fault=f"{p}:{k}")
                            for (p, k), d in zip(points, folders)])
     for (point, k), res, d in zip(points, results, folders):
         assert res["signal"] == signal.SIGKILL, zygotes.log_tail()
@@ -263,14 +274,14 @@ def test_resume_after_sigkill_computes_only_the_missing_tiles(zygotes, tmp_path)
         jask.from_zarr(os.path.join(d, "a.zarr"))            # recovery on a neighbour keeps the partial write
         assert len(_hidden(d)) == 1
         done = 16 if point == "before_commit" else k
-        a, b = (jask.from_zarr(os.path.join(d, n)) for n in ("a.zarr", "b.zarr"))
         with jask.profile() as prof:
-            jask.to_zarr(a * 2.0 + b, os.path.join(d, "out.zarr"), resume=True)
+            path, want = _resumed_write(scenario, d)
         assert prof.tiles == 16 - done, (point, k)
         assert prof.bytes_read == full.bytes_read * (16 - done) // 16
         assert prof.bytes_written == full.bytes_written * (16 - done) // 16
-        np.testing.assert_array_equal(zarr.open_array(os.path.join(d, "out.zarr"), mode="r")[...], 2 * rw.A + rw.B)
-        assert _hidden(d) == [] and ".jask-chunks" not in os.listdir(os.path.join(d, "out.zarr"))
+        np.testing.assert_array_equal(zarr.open_array(path, mode="r")[...], want)
+        gc.collect()
+        assert _hidden(d) == [] and ".jask-chunks" not in os.listdir(path)
     jask.cleanup_scratch(str(tmp_path / "scratch"))
 
 

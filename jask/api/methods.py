@@ -45,9 +45,9 @@ def _to_zarr(self, path, overwrite: bool = False, chunks=None, compressors=None,
     to_zarr(self, path, overwrite=overwrite, chunks=chunks, compressors=compressors, shards=shards, resume=resume)
 
 
-def _update(self, new_value) -> DiskArray:
+def _update(self, new_value, resume: bool = False) -> DiskArray:
     """Overwrite this array with ``new_value`` (same shape and dtype), atomically."""
-    update_(self, new_value)
+    update_(self, new_value, resume=resume)
     return self
 
 

@@ -106,7 +106,7 @@ def rechunk(x, chunks, shards=None) -> DiskArray:
     return DiskArray(node=stored)
 
 
-def update_(target: DiskArray, new_value) -> None:
+def update_(target: DiskArray, new_value, resume: bool = False) -> None:
     """Replace ``target``'s contents with ``new_value``, keeping its type (so ``jit`` does not retrace).
 
     The new value is computed completely before anything is replaced. For a
@@ -114,7 +114,8 @@ def update_(target: DiskArray, new_value) -> None:
     crash leaves the old or the new array, never a mix, and a disk-full or I/O
     error leaves the old one (the ``OSError`` names the array and path).
     Arrays open on the old value, here or in other processes, keep reading
-    the old value; lazy arrays computed from it too.
+    the old value; lazy arrays computed from it too. ``resume=True`` on a user
+    store works as in :func:`to_zarr`: a killed update continues where it stopped.
     """
     if not isinstance(target, DiskArray) or target._node is None:
         raise TypeError("update_ must be called eagerly on a DiskArray (not inside jit)")
@@ -133,7 +134,7 @@ def update_(target: DiskArray, new_value) -> None:
         old_store = old.store
         (store,) = run([new_value._node], lambda node, tile: PathSink(
             node, tile, old_store.path, overwrite=True, writable=True, chunks=old_store.chunks,
-            shards=old_store.shards))
+            shards=old_store.shards, resume=resume))
         target._node = StoredNode(store)
         return
     # Stored values are immutable, so the target may share the new value's storage.
