@@ -28,7 +28,7 @@ from jask.io.scratch import TmpfsScratchError
 __version__ = "0.1.0"
 
 __all__ = [
-    "DiskArray", "OverBudgetError", "Stats", "TmpfsScratchError", "add", "batches", "cleanup_scratch", "config", "dot", "explain", "from_numpy", "from_zarr",
-    "materialize", "mul", "nn", "numpy", "persist", "profile", "rechunk", "runtime_baseline", "set_memory_budget",
-    "square", "sub", "sum", "to_zarr", "transpose", "update_",
+    "DiskArray", "OverBudgetError", "Stats", "TmpfsScratchError", "add", "batches", "cleanup_scratch", "config",
+    "dot", "explain", "from_numpy", "from_zarr", "materialize", "mul", "nn", "numpy", "persist", "profile",
+    "rechunk", "runtime_baseline", "set_memory_budget", "square", "sub", "sum", "to_zarr", "transpose", "update_",
 ]

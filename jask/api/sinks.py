@@ -63,9 +63,9 @@ def to_zarr(x, path, overwrite: bool = False, chunks=None, compressors=None, sha
     An existing ``path`` is refused unless ``overwrite=True``, in which case the
     old array stays readable until the new one is complete, and arrays already
     open on it keep their old values. Only a Zarr array is ever replaced: a file
-    or another folder at ``path`` is refused before anything is computed. ``shards`` writes the sharded layout (a
-    shard file per ``shards`` block of ``chunks``-sized tiles), the fastest to
-    stream.
+    or another folder at ``path`` is refused before anything is computed.
+    ``shards`` writes the sharded layout (a shard file per ``shards`` block of
+    ``chunks``-sized tiles), the fastest to stream.
 
     ``resume=True`` makes a killed write resumable: it records each chunk as it
     lands, and a later ``to_zarr`` of the same array to the same path with
