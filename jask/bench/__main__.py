@@ -65,6 +65,8 @@ flags.DEFINE_enum("isolate", "task", ["task", "system"], "One subprocess per sys
 flags.DEFINE_boolean("keep_data", False, "Keep the benchmark stores.")
 flags.DEFINE_float("timeout", 1800.0, "Seconds before a system's subprocess is killed.")
 flags.DEFINE_boolean("report_only", False, "Rebuild results.md and the plots from --out's results.json.")
+flags.DEFINE_enum("durability", "process", ["process", "power"], "jask.config durability in every system's "
+                  "subprocess (JASK_DURABILITY): 'power' fsyncs each committed store (to_zarr, update_).")
 flags.DEFINE_float("rtol", 2e-3, "Relative tolerance for results agreeing between systems.")
 flags.DEFINE_enum("store", "local", ["local", "s3"], "local: the suite on local stores. s3: the remote-store "
                   "case instead (jask.bench.remote): sum of an array in a bucket on a loopback S3 server "
@@ -218,7 +220,7 @@ def run_suite(suite: Suite):
     repeat = 1 if FLAGS.quick else FLAGS.repeat
     warmup = 0 if FLAGS.quick else FLAGS.warmup
     suite.meta.update(data_dir=data_dir, data_fs=fstype, layout=FLAGS.layout, isolate=isolate, repeat=repeat,
-                      warmup=warmup, time_cap=FLAGS.time_cap, backend=FLAGS.backend)
+                      warmup=warmup, time_cap=FLAGS.time_cap, backend=FLAGS.backend, durability=FLAGS.durability)
     pending = []   # (case, entries, tasks, W) for isolate == "system"
     for name in FLAGS.workload:
         W = workloads.get(name.strip())
@@ -303,6 +305,7 @@ def main(argv):
     else:
         print(f"jask.bench: {suite.meta['cores']} cores, {suite.meta['cpu']}; budget {budget}; out {out_dir}",
               flush=True)
+        os.environ["JASK_DURABILITY"] = FLAGS.durability    # read by jask.config in each subprocess
         run_suite(suite)
     with open(os.path.join(out_dir, "results.md"), "w") as f:
         f.write(report.markdown(suite))

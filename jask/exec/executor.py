@@ -84,6 +84,9 @@ class Executor:
             algo.check_complete()
             return
         indices = list(itertools.product(*map(range, grid(nodes[0].shape, self.tile))))
+        if all(getattr(s, "done", None) is not None for s in sinks):   # resuming: skip tiles on disk
+            indices = [i for i in indices
+                       if not all(s.done(region(i, n.shape, self.tile)) for n, s in zip(nodes, sinks))]
         names = " + ".join(self.plan.prepared[id(n)].name for n in nodes)
         writer_of = {}
         with contextlib.ExitStack() as stack:

@@ -45,10 +45,13 @@ class PathSink:
     counts_io = True
 
     def __init__(self, node, tile, path, overwrite=False, writable=False, chunks=None, compressors=None,
-                 shards=None, storage_options=None):
+                 shards=None, storage_options=None, resume=False):
         self.overwrite, self.writable = overwrite, writable
         self.pending = new_pending(path, node.shape, node.dtype, chunks or block_shape(node.shape, tile),
-                                   compressors=compressors, shards=shards, storage_options=storage_options)
+                                   compressors=compressors, shards=shards, storage_options=storage_options,
+                                   resume=resume)
+        # resume=True: the executor skips tiles a killed earlier write already put on disk
+        self.done = self.pending.done if resume else None
 
     def write(self, reg, tile):
         self.pending.write(reg, tile)

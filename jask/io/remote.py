@@ -62,11 +62,13 @@ def _local_or_url(path_or_url, storage_options, what: str):
 
 
 def new_pending(path_or_url, shape, dtype, chunks, compressors=None, shards=None, storage_options=None,
-                what: str = "to_zarr"):
+                what: str = "to_zarr", resume: bool = False):
     """A pending store at a local path (:class:`PendingStore`) or a URL (:class:`RemotePendingStore`)."""
     where = parse(path_or_url, what)
     if not isinstance(where, Location):
-        return PendingStore(where, shape, dtype, chunks, compressors=compressors, shards=shards)
+        return PendingStore(where, shape, dtype, chunks, compressors=compressors, shards=shards, resume=resume)
+    if resume:
+        raise ValueError(f"{what}: resume=True works for local folders only, not for the store URL {where}")
     return RemotePendingStore(where, shape, dtype, chunks, compressors, shards, storage_options, what)
 
 
