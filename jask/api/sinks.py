@@ -16,8 +16,8 @@ from jask.hijax import compat, runtime
 from jask.hijax.array import DiskArray, is_disk_array, type_of
 from jask.hijax.sinks import MaterializePrimitive, PersistPrimitive
 from jask.io.destinations import check_destination
-from jask.io.remote import exists
-from jask.io.urls import Location, parse
+from jask.io.remote import exists, resolve
+from jask.io.urls import Location
 
 
 def _require(name, x):
@@ -80,7 +80,7 @@ def to_zarr(x, path, overwrite: bool = False, chunks=None, compressors=None, sha
     _require("to_zarr", x)
     if compat.is_traced(x):
         raise TypeError("to_zarr cannot run inside jit; return the DiskArray and write it afterwards")
-    where = parse(path, "to_zarr")
+    where = resolve(path, storage_options, "to_zarr")
     if not isinstance(where, Location):
         check_destination(where, overwrite)
     elif exists(where, storage_options) and not overwrite:

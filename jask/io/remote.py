@@ -35,7 +35,7 @@ def open_store(path_or_url, mode: str, storage_options=None) -> Store:
     """``from_zarr``'s opener: a local path through :func:`open_existing`, a URL through the version pointer."""
     if mode not in ("r", "r+"):
         raise ValueError(f"from_zarr mode must be 'r' or 'r+', got {mode!r}")
-    where = _local_or_url(path_or_url, storage_options, "from_zarr")
+    where = resolve(path_or_url, storage_options, "from_zarr")
     if not isinstance(where, Location):
         return open_existing(where, mode)
     root = backends.zarr_store(where, storage_options, "from_zarr")
@@ -52,7 +52,7 @@ def open_store(path_or_url, mode: str, storage_options=None) -> Store:
                        storage_options=storage_options)
 
 
-def _local_or_url(path_or_url, storage_options, what: str):
+def resolve(path_or_url, storage_options, what: str):
     """:func:`parse`, refusing ``storage_options`` for a local path (they would be silently ignored)."""
     where = parse(path_or_url, what)
     if storage_options and not isinstance(where, Location):
@@ -74,7 +74,7 @@ def new_pending(path_or_url, shape, dtype, chunks, compressors=None, shards=None
 
 def exists(path_or_url, storage_options=None, what: str = "to_zarr") -> bool:
     """Whether an array is at the URL (checking access and the bucket on the way), or a local path exists."""
-    where = _local_or_url(path_or_url, storage_options, what)
+    where = resolve(path_or_url, storage_options, what)
     if not isinstance(where, Location):
         return os.path.exists(where)
     root = backends.zarr_store(where, storage_options, what)
