@@ -40,7 +40,8 @@ def jnp_refusal(name: str) -> TypeError:
     ours = f"Use jask.numpy.{name}, or run" if name in vars(jnp_disk) else "Run"
     return TypeError(
         f"jax.numpy.{name} cannot take a DiskArray: jax.numpy has no hook to hand it to jask, and converting it "
-        f"would read the whole array into memory. {ours} the jnp code through jask.on_disk(fn) (for optax: jask.optim.on_disk(optax.adam(...)) and jask.optim.apply_updates); "
+        f"would read the whole array into memory. {ours} the jnp code through jask.on_disk(fn) (for optax: "
+        "jask.optim.on_disk(optax.adam(...)) and jask.optim.apply_updates); "
         "np.asarray(x) or jask.materialize(x) read a small array into memory on purpose")
 
 
@@ -85,14 +86,15 @@ def _array(self, dtype=None, copy=None):
     return out if dtype is None else out.astype(dtype)
 
 
-def _to_zarr(self, path, overwrite: bool = False, chunks=None, compressors=None, shards=None) -> None:
+def _to_zarr(self, path, overwrite: bool = False, chunks=None, compressors=None, shards=None,
+             resume: bool = False) -> None:
     """Write this array to a new Zarr v3 store at ``path`` (atomic: complete or absent)."""
-    to_zarr(self, path, overwrite=overwrite, chunks=chunks, compressors=compressors, shards=shards)
+    to_zarr(self, path, overwrite=overwrite, chunks=chunks, compressors=compressors, shards=shards, resume=resume)
 
 
-def _update(self, new_value) -> DiskArray:
+def _update(self, new_value, resume: bool = False) -> DiskArray:
     """Overwrite this array with ``new_value`` (same shape and dtype), atomically."""
-    update_(self, new_value)
+    update_(self, new_value, resume=resume)
     return self
 
 

@@ -3,6 +3,7 @@
     python -m jask.bench --quick                # every workload, small, < 2 minutes; writes bench-out/
     python -m jask.bench --workload=sum,elementwise --gib=0.5,2 --budget=256MB --repeat=3
     python -m jask.bench --workload=dot --n=4096,8192 --cache=warm
+    python -m jask.bench --store=s3 --remote_mib=256   # sum from a loopback S3 bucket vs raw GET
 
 Workloads (one module each in :mod:`jask.bench.workloads`): ``sum``,
 ``elementwise`` ((a - b) * c + a to a new array), ``dot`` (n x n), ``grad``
@@ -33,7 +34,7 @@ import time
 from absl import app, flags
 
 from jask import kernels
-from jask.bench import data, harness, peers, report, workloads
+from jask.bench import data, harness, peers, remote, report, workloads
 
 FLAGS = flags.FLAGS
 flags.DEFINE_list("workload", list(workloads.NAMES), "Workloads to run: " + ", ".join(workloads.NAMES))
@@ -64,7 +65,12 @@ flags.DEFINE_enum("isolate", "task", ["task", "system"], "One subprocess per sys
 flags.DEFINE_boolean("keep_data", False, "Keep the benchmark stores.")
 flags.DEFINE_float("timeout", 1800.0, "Seconds before a system's subprocess is killed.")
 flags.DEFINE_boolean("report_only", False, "Rebuild results.md and the plots from --out's results.json.")
+flags.DEFINE_enum("durability", "process", ["process", "power"], "jask.config durability in every system's "
+                  "subprocess (JASK_DURABILITY): 'power' fsyncs each committed store (to_zarr, update_).")
 flags.DEFINE_float("rtol", 2e-3, "Relative tolerance for results agreeing between systems.")
+flags.DEFINE_enum("store", "local", ["local", "s3"], "local: the suite on local stores. s3: the remote-store "
+                  "case instead (jask.bench.remote): sum of an array in a bucket on a loopback S3 server "
+                  "against the server's raw GET rate, --remote_mib in size.")
 
 QUICK_BUDGET = "16MB"
 
@@ -214,7 +220,7 @@ def run_suite(suite: Suite):
     repeat = 1 if FLAGS.quick else FLAGS.repeat
     warmup = 0 if FLAGS.quick else FLAGS.warmup
     suite.meta.update(data_dir=data_dir, data_fs=fstype, layout=FLAGS.layout, isolate=isolate, repeat=repeat,
-                      warmup=warmup, time_cap=FLAGS.time_cap, backend=FLAGS.backend)
+                      warmup=warmup, time_cap=FLAGS.time_cap, backend=FLAGS.backend, durability=FLAGS.durability)
     pending = []   # (case, entries, tasks, W) for isolate == "system"
     for name in FLAGS.workload:
         W = workloads.get(name.strip())
@@ -287,6 +293,9 @@ def main(argv):
         raise app.UsageError(f"unexpected arguments: {argv[1:]}")
     out_dir = os.path.abspath(FLAGS.out)
     budget = QUICK_BUDGET if FLAGS.quick and FLAGS.budget == "256MB" else FLAGS.budget
+    if FLAGS.store == "s3":
+        print(remote.report(remote.run(out_dir, budget)), flush=True)
+        return 0
     suite = Suite(out_dir, budget)
     t0 = time.perf_counter()
     if FLAGS.report_only:
@@ -296,6 +305,7 @@ def main(argv):
     else:
         print(f"jask.bench: {suite.meta['cores']} cores, {suite.meta['cpu']}; budget {budget}; out {out_dir}",
               flush=True)
+        os.environ["JASK_DURABILITY"] = FLAGS.durability    # read by jask.config in each subprocess
         run_suite(suite)
     with open(os.path.join(out_dir, "results.md"), "w") as f:
         f.write(report.markdown(suite))
