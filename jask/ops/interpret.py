@@ -166,5 +166,6 @@ def on_disk(fn):
 
 
 def _is_array(x):
-    return isinstance(x, (jax.Array, np.ndarray, np.generic, int, float, bool, complex)) or hasattr(x, "aval")
+    """Array arguments are traced; Python numbers and other leaves stay static, as ``fn`` may use them for shapes."""
+    return isinstance(x, (jax.Array, np.ndarray, np.generic)) or compat.is_traced(x)
 
