@@ -19,6 +19,7 @@ import functools
 
 import jax
 import numpy as np
+
 from jask.hijax import compat
 from jask.hijax.array import is_disk_array, type_of
 from jask.ops import contract, creation, elementwise, reductions, shape as shape_ops
