@@ -16,9 +16,9 @@ import numpy as np
 
 from jask import kernels
 from jask.exec import events
-from jask.exec.devices import compute_device
-from jask.exec.executor import Executor, region_bytes, usable_device, window_limit
-from jask.exec.schedule import window_input_bytes, windows
+from jask.exec.devices import compute_device, compute_devices
+from jask.exec.executor import Executor, region_bytes, usable_devices, window_limit
+from jask.exec.schedule import spread, window_input_bytes
 from jask.exec.sinks import ScratchSink
 from jask.graph.nodes import Node, OpNode
 from jask.graph.op import CustomOp
@@ -41,20 +41,23 @@ def explain(nodes) -> str:
     """The plan a sink would run for these nodes: tile edge, stages, fused ops, projected memory, I/O."""
     p = make_plan(nodes)
     read, written, n_windows = planned_io(p)
+    devices = compute_devices()
+    where = str(devices[0]) if len(devices) == 1 else f"{len(devices)} devices ({', '.join(map(str, devices))})"
     return (p.describe() + f"\n  {n_windows} window{'s' * (n_windows != 1)} of at most "
-            f"{human_bytes(window_limit(p))} on {compute_device()} ({kernels.backend_name()} kernels); "
+            f"{human_bytes(window_limit(p, len(devices)))} on {where} ({kernels.backend_name()} kernels); "
             f"reads {human_bytes(read)}, writes {human_bytes(written)}")
 
 
 def planned_io(p: Plan) -> tuple[int, int, int]:
     """Bytes the plan reads from stored arrays and writes for its stages, and its windows (from its schedule)."""
     read = written = n_windows = 0
-    limit, batch = window_limit(p), window_input_bytes(compute_device())
+    n = len(compute_devices())
+    limit, batch = window_limit(p, n), window_input_bytes(compute_device())
     for group in p.groups:
         if isinstance(p.prepared[id(group[0])].op, CustomOp):
             continue
         indices = itertools.product(*map(range, grid(group[0].shape, p.tile)))
-        for w in windows(p, group, indices, limit, batch):
+        for _, w in spread(p, group, indices, limit, batch, n):
             n_windows += 1
             read += sum(region_bytes(store, reg) for _, (store, reg) in w.reads)
         written += sum(nbytes(n) for n in group if n.shape != ())
@@ -104,9 +107,9 @@ def run(roots, make_sinks=None):
     try:
         p = make_plan(roots + extra)
         # Inside jit this runs in io_callback, whose default device is the host CPU: name ours.
-        device = usable_device()
-        with jax.default_device(device):
-            return _run(p, roots, make_sinks, device)
+        devices = usable_devices()
+        with jax.default_device(devices[0]):
+            return _run(p, roots, make_sinks, devices)
     except BaseException:
         store_with_next_run([n for n in extra if n.result is None])   # still wanted
         raise
@@ -119,10 +122,10 @@ def run(roots, make_sinks=None):
             malloc.release_free_memory()
 
 
-def _run(p: Plan, roots, make_sinks, device=None):
+def _run(p: Plan, roots, make_sinks, devices=None):
     for listener in events.listeners:
         listener.saw_plan(p)
-    ex = Executor(p, device)
+    ex = Executor(p, devices)
     root_ids = {id(r.resolved()): i for i, r in enumerate(roots)}
     results = [None] * len(roots)
     for i, r in enumerate(roots):
