@@ -3,6 +3,7 @@
     python -m jask.bench --quick                # every workload, small, < 2 minutes; writes bench-out/
     python -m jask.bench --workload=sum,elementwise --gib=0.5,2 --budget=256MB --repeat=3
     python -m jask.bench --workload=dot --n=4096,8192 --cache=warm
+    python -m jask.bench --workload=sum,dot --devices=1,2,4     # jask on 1, 2 and 4 local devices
 
 Workloads (one module each in :mod:`jask.bench.workloads`): ``sum``,
 ``elementwise`` ((a - b) * c + a to a new array), ``dot`` (n x n), ``grad``
@@ -64,6 +65,9 @@ flags.DEFINE_enum("isolate", "task", ["task", "system"], "One subprocess per sys
 flags.DEFINE_boolean("keep_data", False, "Keep the benchmark stores.")
 flags.DEFINE_float("timeout", 1800.0, "Seconds before a system's subprocess is killed.")
 flags.DEFINE_boolean("report_only", False, "Rebuild results.md and the plots from --out's results.json.")
+flags.DEFINE_list("devices", ["1"], "jask runs once per count of local devices a pass spreads over, e.g. "
+                  "1,2,4 (reported as jask, jask-2dev, jask-4dev with ratios to one device); on a CPU-only "
+                  "machine the child process gets that many forced host devices.")
 flags.DEFINE_float("rtol", 2e-3, "Relative tolerance for results agreeing between systems.")
 
 QUICK_BUDGET = "16MB"
@@ -140,6 +144,8 @@ class Suite:
 
     def add(self, case: dict, raw: dict, W):
         system = raw.get("task", {}).get("system") or raw.get("system")
+        if system == "jask" and raw.get("task", {}).get("devices", 1) > 1:
+            system = f"jask-{raw['task']['devices']}dev"
         entry = dict(case, system=system)
         if "skipped" in raw:
             entry["skipped"] = raw["skipped"]
@@ -174,7 +180,8 @@ def _print_case_rows(rows):
             agree = {True: "ok", False: "MISMATCH", None: "-"}[e.get("agrees")]
             print(f"    {name:<12} {e['median_s']:8.3f} s  (min {e['min_s']:.3f}, max {e['max_s']:.3f}, "
                   f"{e['runs']} runs)  {rate:8.2f} {e['unit']}  peak RSS +{e['peak_rss_growth_mb']:.0f} MB  "
-                  f"read {e['read_gb']:.2f} GB  wrote {e['written_gb']:.2f} GB  check {agree}", flush=True)
+                  f"read {e['read_gb']:.2f} GB  wrote {e['written_gb']:.2f} GB  check {agree}"
+                  + (f"  {e['over_one_device']:.2f}x one device" if "over_one_device" in e else ""), flush=True)
 
 
 def finish_case(entries, W):
@@ -193,6 +200,8 @@ def finish_case(entries, W):
     for e in ran:
         if jask and e["rate"]:
             e["jask_over"] = jask["rate"] / e["rate"]
+        if jask and jask["rate"] and e["system"].startswith("jask-"):
+            e["over_one_device"] = e["rate"] / jask["rate"]
     if jask:
         for limit in (W.LIMIT, "memcpy"):
             lim = next((e for e in ran if e["system"] == limit), None)
@@ -200,8 +209,20 @@ def finish_case(entries, W):
                 jask.setdefault("jask_over_limit", {})[limit] = jask["rate"] / lim["rate"]
 
 
+def _device_counts() -> list[int]:
+    try:
+        counts = sorted({int(n) for n in FLAGS.devices} | {1})
+    except ValueError:
+        raise app.UsageError(f"--devices takes device counts like 1,2,4, got {FLAGS.devices}") from None
+    if counts[0] < 1:
+        raise app.UsageError(f"--devices counts must be at least 1, got {FLAGS.devices}")
+    return counts
+
+
 def run_suite(suite: Suite):
     systems = _selected_peers()
+    counts = _device_counts()
+    labels = ["jask", *(f"jask-{n}dev" for n in counts[1:]), *systems[1:]]   # display order
     budget = suite.budget
     data_dir = os.path.abspath(FLAGS.data_dir)
     os.makedirs(data_dir, exist_ok=True)
@@ -236,16 +257,17 @@ def run_suite(suite: Suite):
                     if reason:
                         entries.append(suite.add(case, {"system": system, "skipped": reason}, W))
                         continue
-                    tasks.append(harness.Task(
-                        workload=W.NAME, size=params["label"], params=params, system=system, paths=paths,
-                        work_dir=os.path.join(root, f"work-{system}-{cache}"), cache=cache, repeat=repeat,
-                        warmup=warmup, budget=budget, tile=tile, backend=FLAGS.backend,
-                        time_cap=FLAGS.time_cap, allow_tmpfs=on_ram))
+                    for n in (counts if system == "jask" else [1]):
+                        tasks.append(harness.Task(
+                            workload=W.NAME, size=params["label"], params=params, system=system, paths=paths,
+                            work_dir=os.path.join(root, f"work-{system}-{n}-{cache}"), cache=cache,
+                            repeat=repeat, warmup=warmup, budget=budget, tile=tile, backend=FLAGS.backend,
+                            time_cap=FLAGS.time_cap, allow_tmpfs=on_ram, devices=n))
                 if isolate == "task":
                     for task in tasks:
                         (raw,) = harness.run_tasks([task], timeout=FLAGS.timeout)
                         entries.append(suite.add(case, raw, W))
-                    report.order(entries, systems)
+                    report.order(entries, labels)
                     finish_case(entries, W)
                     _print_case_rows(entries)
                     suite.save()
@@ -268,7 +290,7 @@ def run_suite(suite: Suite):
             for (t, case, entries, W), raw in zip(group, raws):
                 entries.append(suite.add(case, raw, W))
         for case, entries, tasks, W in pending:
-            report.order(entries, systems)
+            report.order(entries, labels)
             finish_case(entries, W)
             print(f"{case['workload']} {case['size']}, {case['cache']} cache, tile {case['tile']}:")
             _print_case_rows(entries)

@@ -64,6 +64,7 @@ class Task:
     backend: str = "auto"
     time_cap: float = 60.0
     allow_tmpfs: bool = False
+    devices: int = 1               # jask: local devices a pass spreads over (CPU: forced host devices)
 
 
 # ---------------------------------------------------------------- memory and I/O counters
@@ -223,6 +224,10 @@ def run_tasks(tasks: list[Task], timeout: float = 1800.0) -> list[dict]:
         with open(tin, "w") as f:
             json.dump([dataclasses.asdict(t) for t in tasks], f)
         env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL=os.environ.get("TF_CPP_MIN_LOG_LEVEL", "2"))
+        n_devices = max(t.devices for t in tasks)
+        if n_devices > 1 and "xla_force_host_platform_device_count" not in env.get("XLA_FLAGS", ""):
+            # on a CPU-only machine the child gets this many host devices (accelerators ignore it)
+            env["XLA_FLAGS"] = f"{env.get('XLA_FLAGS', '')} --xla_force_host_platform_device_count={n_devices}".strip()
         err = None
         try:
             proc = subprocess.run([sys.executable, "-m", "jask.bench.harness", tin, tout], env=env,
