@@ -219,11 +219,8 @@ def _device_counts() -> list[int]:
     return counts
 
 
-def run_suite(suite: Suite):
-    systems = _selected_peers()
-    counts = _device_counts()
-    labels = ["jask", *(f"jask-{n}dev" for n in counts[1:]), *systems[1:]]   # display order
-    budget = suite.budget
+def _run_settings(suite: Suite):
+    """Data folder (checked), its filesystem, whether it is in RAM, isolation, repeats, warm-ups."""
     data_dir = os.path.abspath(FLAGS.data_dir)
     os.makedirs(data_dir, exist_ok=True)
     from jask.io.scratch import filesystem_type
@@ -235,7 +232,16 @@ def run_suite(suite: Suite):
     repeat = 1 if FLAGS.quick else FLAGS.repeat
     warmup = 0 if FLAGS.quick else FLAGS.warmup
     suite.meta.update(data_dir=data_dir, data_fs=fstype, layout=FLAGS.layout, isolate=isolate, repeat=repeat,
-                      warmup=warmup, time_cap=FLAGS.time_cap, backend=FLAGS.backend)
+                      warmup=warmup, time_cap=FLAGS.time_cap, backend=FLAGS.backend, devices=_device_counts())
+    return data_dir, fstype, on_ram, isolate, repeat, warmup
+
+
+def run_suite(suite: Suite):
+    systems = _selected_peers()
+    counts = _device_counts()
+    labels = ["jask", *(f"jask-{n}dev" for n in counts[1:]), *systems[1:]]   # display order
+    data_dir, fstype, on_ram, isolate, repeat, warmup = _run_settings(suite)
+    budget = suite.budget
     pending = []   # (case, entries, tasks, W) for isolate == "system"
     for name in FLAGS.workload:
         W = workloads.get(name.strip())
@@ -257,12 +263,11 @@ def run_suite(suite: Suite):
                     if reason:
                         entries.append(suite.add(case, {"system": system, "skipped": reason}, W))
                         continue
-                    for n in (counts if system == "jask" else [1]):
-                        tasks.append(harness.Task(
-                            workload=W.NAME, size=params["label"], params=params, system=system, paths=paths,
-                            work_dir=os.path.join(root, f"work-{system}-{n}-{cache}"), cache=cache,
-                            repeat=repeat, warmup=warmup, budget=budget, tile=tile, backend=FLAGS.backend,
-                            time_cap=FLAGS.time_cap, allow_tmpfs=on_ram, devices=n))
+                    tasks += [harness.Task(
+                        workload=W.NAME, size=params["label"], params=params, system=system, paths=paths,
+                        work_dir=os.path.join(root, f"work-{system}-{n}-{cache}"), cache=cache, repeat=repeat,
+                        warmup=warmup, budget=budget, tile=tile, backend=FLAGS.backend, time_cap=FLAGS.time_cap,
+                        allow_tmpfs=on_ram, devices=n) for n in (counts if system == "jask" else [1])]
                 if isolate == "task":
                     for task in tasks:
                         (raw,) = harness.run_tasks([task], timeout=FLAGS.timeout)

@@ -27,7 +27,7 @@ def compute_device():
         return config.device
     if isinstance(config.devices, tuple):
         return config.devices[0]
-    return jax.devices()[0]
+    return jax.local_devices()[0]   # jax.devices()[0] in one process; this process's own in several
 
 
 def compute_devices() -> list:
@@ -39,7 +39,7 @@ def compute_devices() -> list:
     if config.devices is None:
         return [compute_device()]
     if config.devices == "all":
-        return list(jax.devices(compute_device().platform))
+        return list(jax.local_devices(backend=compute_device().platform))
     return list(config.devices)
 
 

@@ -15,9 +15,10 @@ import jax
 import numpy as np
 
 from jask import kernels
-from jask.exec import events
+from jask.exec import events, multihost
 from jask.exec.devices import compute_device, compute_devices
 from jask.exec.executor import Executor, region_bytes, usable_devices, window_limit
+from jask.exec.run_windows import kernels_cache
 from jask.exec.schedule import spread, window_input_bytes
 from jask.exec.sinks import ScratchSink
 from jask.graph.nodes import Node, OpNode
@@ -126,6 +127,7 @@ def _run(p: Plan, roots, make_sinks, devices=None):
     for listener in events.listeners:
         listener.saw_plan(p)
     ex = Executor(p, devices)
+    many = multihost.processes()[1] > 1     # a jax.distributed run: passes shared between processes
     root_ids = {id(r.resolved()): i for i, r in enumerate(roots)}
     results = [None] * len(roots)
     for i, r in enumerate(roots):
@@ -134,7 +136,8 @@ def _run(p: Plan, roots, make_sinks, devices=None):
             if rr.shape == ():
                 results[i] = np.asarray(ex.tile_of(rr, ()))
             elif make_sinks is not None:
-                results[i] = _copy(ex, rr, make_sinks(r, p.tile))
+                sink = make_sinks(r, p.tile)
+                results[i] = _copy(ex, rr, multihost.wrap_sinks(p, [rr], [sink], p.tile)[0][0] if many else sink)
             else:
                 results[i] = rr
     for group in p.groups:
@@ -142,8 +145,7 @@ def _run(p: Plan, roots, make_sinks, devices=None):
         i = root_ids.get(id(node))
         if node.shape == () and i is not None:
             try:
-                ((_, _, value),) = ex.run_windows(group, [()])
-                results[i] = np.asarray(value)
+                results[i] = _scalar(p, ex, group, many)
                 events.count(tiles=1)
             except Exception as e:
                 e.add_note(f"while computing {p.prepared[id(node)].name} {node.dtype} scalar")
@@ -151,8 +153,11 @@ def _run(p: Plan, roots, make_sinks, devices=None):
             continue
         sinks = [make_sinks(n, p.tile) if (id(n) in root_ids and make_sinks is not None)
                  else ScratchSink(n, p.tile) for n in group]
+        share = (0, 1)
+        if many:
+            sinks, share = multihost.wrap_sinks(p, group, sinks, p.tile)
         try:
-            ex.compute(group, sinks)
+            ex.compute(group, sinks, share)
         except BaseException:
             for sink in sinks:
                 sink.abort()
@@ -168,6 +173,18 @@ def _run(p: Plan, roots, make_sinks, devices=None):
             if id(n) in root_ids:
                 results[root_ids[id(n)]] = out
     return results
+
+
+def _scalar(p: Plan, ex: Executor, group, many: bool):
+    """A scalar root's value; in a multi-process run each process folds its share, then all fold alike."""
+    if not many:
+        ((_, _, value),) = ex.run_windows(group, [()])
+        return np.asarray(value)
+    node = group[0]
+    got = list(ex.run_windows(group, [()], multihost.processes()))
+    value = multihost.fold_scalar(np.asarray(got[0][2]) if got else None,
+                                  kernels_cache.combine(p.prepared[id(node)].op), node.dtype)
+    return np.zeros((), node.dtype) if value is None else np.asarray(value, node.dtype)
 
 
 def _copy(ex: Executor, node: Node, sink):

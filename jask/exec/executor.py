@@ -80,8 +80,11 @@ class Executor:
         ((_, _, tile),) = self.run_windows([node], [tuple(idx)])
         return tile
 
-    def compute(self, nodes: list[OpNode], sinks) -> None:
-        """Compute a lockstep group (usually one node), window by window, writing each finished tile."""
+    def compute(self, nodes: list[OpNode], sinks, processes=(0, 1)) -> None:
+        """Compute a lockstep group (usually one node), window by window, writing each finished tile.
+
+        ``processes=(i, n)``: compute only process i's share of n (a multi-host run).
+        """
         op = self.plan.prepared[id(nodes[0])].op
         if isinstance(op, CustomOp):
             algo = OOCAlgorithm(self, nodes[0], sinks[0])
@@ -97,21 +100,22 @@ class Executor:
             for node, sink in zip(nodes, sinks):
                 writer_of[id(node)] = stack.enter_context(
                     WriteBehind(sink, depth=WRITE_DEPTH, count=count if sink.counts_io else count_wait))
-            for node, idx, tile in self.run_windows(nodes, indices):
+            for node, idx, tile in self.run_windows(nodes, indices, processes):
                 writer_of[id(node)].put(region(idx, node.shape, self.tile), tile, key=idx)
                 count(tiles=1)
                 bar.update(1, tile.nbytes)
 
-    def run_windows(self, group, indices):
+    def run_windows(self, group, indices, processes=(0, 1)):
         """Yield ``(node, idx, tile)`` for every tile of ``group`` at ``indices``, computed window by window.
 
         One schedule (:func:`jask.exec.schedule.spread`) drives the reads and
         the kernel calls; the prefetcher reads the next window's tiles while the
         current window computes. Each window runs on its share's device; reads
-        are counted for that device.
+        are counted for that device. ``processes=(i, p)``: only process i's share of p.
         """
         n = len(self.devices)
-        sched = spread(self.plan, group, indices, window_limit(self.plan, n), window_input_bytes(self.device), n)
+        sched = spread(self.plan, group, indices, window_limit(self.plan, n), window_input_bytes(self.device), n,
+                       processes[0] * n, processes[1] * n)
         requests = [r for _, w in sched for r in w.reads]
         per_window = [[region_bytes(store, reg) for _, (store, reg) in w.reads] for _, w in sched]
         depth = prefetch_depth([b for sizes in per_window for b in sizes], max(map(sum, per_window), default=0))

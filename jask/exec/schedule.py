@@ -322,16 +322,33 @@ def _shared_tiles(plan, group, indices, share):
             yield idx, per_node, (lo, hi)
 
 
-def spread(plan, group, indices, limit_bytes: int, batch_bytes: int, n: int) -> list:
-    """``[(share, Window)]`` of a pass spread over ``n`` shares, in the order to run them.
+def spread(plan, group, indices, limit_bytes: int, batch_bytes: int, n: int, first: int = 0,
+           total: int | None = None) -> list:
+    """``[(share, Window)]`` of shares ``first .. first + n - 1`` of ``total`` (default ``n``), in run order.
 
-    Each share is a contiguous block of the pass (:func:`windows` with
-    ``share``), so each device reads neighbouring tiles; the shares' windows
-    interleave round-robin (share 0's first window, share 1's first, ...), so
-    every device has work in flight while the host reads for the next.
+    ``share`` counts from 0 for the first of them. Each share is a contiguous
+    block of the pass (:func:`windows` with ``share``), so each device reads
+    neighbouring tiles; the shares' windows interleave round-robin (share 0's
+    first window, share 1's first, ...), so every device has work in flight
+    while the host reads for the next. Processes of a multi-host run each take
+    ``n`` consecutive shares of ``n x processes``.
     """
-    if n == 1:
+    total = n if total is None else total
+    if total == 1:
         return [(0, w) for w in windows(plan, group, indices, limit_bytes, batch_bytes)]
     indices = [tuple(i) for i in indices]
-    shares = [list(windows(plan, group, indices, limit_bytes, batch_bytes, (d, n))) for d in range(n)]
+    shares = [list(windows(plan, group, indices, limit_bytes, batch_bytes, (first + d, total))) for d in range(n)]
     return [(d, shares[d][r]) for r in range(max(map(len, shares))) for d in range(n) if r < len(shares[d])]
+
+
+def cuts_a_tile(plan, group, indices, parts: int) -> bool:
+    """Whether cutting the pass into ``parts`` shares splits some output tile's entries between two."""
+    units = [hi for _, _, (_, hi) in _shared_tiles(plan, group, indices, (0, 1))]
+    total = sum(units)
+    cuts = {total * p // parts for p in range(1, parts)}
+    pos = 0
+    for u in units:
+        if any(pos < c < pos + u for c in cuts):
+            return True
+        pos += u
+    return False

@@ -1,0 +1,135 @@
+"""Processes of a ``jax.distributed`` run share a pass: each reads and writes only its share.
+
+The test starts N processes on loopback (``jax.distributed.initialize`` with a
+coordinator on 127.0.0.1, gloo CPU collectives), each running the same jask
+program over stores the test wrote, and stops them. Each prints JSON with its
+results and bytes read and written; the assertions are here. Targets (issue 16):
+the bytes read summed over the processes equal one process's bytes (no tile read
+twice), every process gets the same scalar results, and an output store is
+written once, by its tiles' owners, and committed once.
+"""
+import json
+import os
+import socket
+import subprocess
+import sys
+import textwrap
+
+import numpy as np
+import pytest
+import zarr
+
+import jask
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+TILE = 4
+SHAPES = {"X": (32, 24), "Y": (32, 24), "W": (16, 12), "T": (32, 8)}
+
+WORKER = textwrap.dedent("""
+    import json, os, sys
+    import numpy as np, jax
+    pid, n, port, root = int(sys.argv[1]), int(sys.argv[2]), sys.argv[3], sys.argv[4]
+    jax.config.update("jax_cpu_collectives_implementation", "gloo")
+    jax.distributed.initialize(coordinator_address=f"127.0.0.1:{port}", num_processes=n, process_id=pid)
+    import jask
+    jask.config.update("tile", TILE)
+    X, Y, T = (jask.from_zarr(os.path.join(root, f"{k}.zarr")) for k in "XYT")
+    out = {}
+    with jask.profile() as p:
+        out["sum"] = float(jask.sum(X))
+        out["sum_jit"] = float(jax.jit(jask.sum)(X))
+    out["sum_read"] = p.bytes_read
+    with jask.profile() as p:
+        ((X - Y) * 3.0 + X).to_zarr(os.path.join(root, "out.zarr"))
+    out["ew_read"], out["ew_written"] = p.bytes_read, p.bytes_written
+    W = jask.from_zarr(os.path.join(root, "W.zarr"), mode="r+")
+    with jask.profile() as p:
+        W.update_(W * 2.0 + 1.0)
+    out["update_read"], out["update_written"] = p.bytes_read, p.bytes_written
+    out["W_after"] = np.asarray(W).tolist()
+    w = jask.from_numpy(np.ones((24, 8), np.float32) / 10)
+    loss, g = jax.jit(jax.value_and_grad(lambda w: jask.sum(jask.square(X @ w - T))))(w)
+    out["loss"], out["grad"] = float(loss), np.asarray(g).tolist()
+    print("RESULT" + json.dumps(out), flush=True)
+""").replace("TILE", str(TILE))
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def run_processes(tmp_path, n):
+    rng = np.random.default_rng(0)
+    data = {}
+    for name, shape in SHAPES.items():
+        data[name] = rng.standard_normal(shape).astype(np.float32)
+        z = zarr.create_array(str(tmp_path / f"{name}.zarr"), shape=shape, chunks=(TILE, TILE), dtype="float32")
+        z[:] = data[name]
+    script = tmp_path / "worker.py"
+    script.write_text(WORKER)
+    env = dict(os.environ, JAX_PLATFORMS="cpu", JASK_BACKEND="xla", JASK_SCRATCH_DIR=str(tmp_path),
+               PYTHONPATH=os.pathsep.join(filter(None, [ROOT, os.environ.get("PYTHONPATH")])))
+    env.pop("XLA_FLAGS", None)
+    port = _free_port()
+    procs = [subprocess.Popen([sys.executable, str(script), str(i), str(n), str(port), str(tmp_path)], env=env,
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for i in range(n)]
+    outs = []
+    try:
+        for p in procs:
+            stdout, stderr = p.communicate(timeout=240)
+            lines = [ln for ln in stdout.splitlines() if ln.startswith("RESULT")]
+            assert p.returncode == 0 and lines, stdout[-2000:] + stderr[-3000:]
+            outs.append(json.loads(lines[0][len("RESULT"):]))
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+                p.wait()
+    return data, outs
+
+
+def check(data, outs, n, tmp_path):
+    X, Y, W, T = (data[k] for k in "XYWT")
+    tile = TILE * TILE * 4
+    # every process gets the same scalars, and they are right
+    for key in ("sum", "sum_jit", "loss"):
+        assert len({o[key] for o in outs}) == 1, (key, [o[key] for o in outs])
+    np.testing.assert_allclose(outs[0]["sum"], X.sum(dtype=np.float64), rtol=1e-5, atol=1e-4)
+    w = np.ones((24, 8), np.float32) / 10
+    np.testing.assert_allclose(outs[0]["loss"], np.sum(np.square(X @ w - T), dtype=np.float64), rtol=1e-5)
+    want_g = 2 * X.T @ (X @ w - T)
+    for o in outs:
+        np.testing.assert_allclose(np.array(o["grad"]), want_g, rtol=1e-4, atol=1e-4)
+    # no tile read twice: the shares add up to one process's bytes, each within a tile of 1/n
+    for key, whole in (("sum_read", 2 * X.nbytes), ("ew_read", X.nbytes + Y.nbytes),
+                       ("ew_written", X.nbytes), ("update_read", W.nbytes), ("update_written", W.nbytes)):
+        got = [o[key] for o in outs]
+        assert sum(got) == whole, (key, got, whole)
+        assert all(abs(g - whole / n) <= 2 * tile for g in got), (key, got, whole)   # two arrays: a tile each
+    # the shared output store holds every process's tiles: one process's result bit for bit
+    jask.config.update("tile", TILE)
+    jask.config.update("backend", "xla")
+    x, y, w_ = (jask.from_numpy(data[k]) for k in "XYW")
+    one_ew, one_w = np.asarray((x - y) * 3.0 + x), np.asarray(w_ * 2.0 + 1.0)
+    out = zarr.open_array(str(tmp_path / "out.zarr"), mode="r")[:]
+    np.testing.assert_array_equal(out, one_ew)
+    np.testing.assert_allclose(out, (X - Y) * np.float32(3.0) + X, rtol=1e-6, atol=1e-6)
+    np.testing.assert_array_equal(zarr.open_array(str(tmp_path / "W.zarr"), mode="r")[:], one_w)
+    np.testing.assert_allclose(one_w, W * 2 + 1, rtol=1e-6)
+    for o in outs:
+        np.testing.assert_array_equal(np.array(o["W_after"], np.float32), one_w)
+    left = [f for f in os.listdir(tmp_path) if ".jask-" in f]
+    assert not left, f"staging folders left behind: {left}"
+
+
+def test_two_processes_share_every_pass(tmp_path):
+    data, outs = run_processes(tmp_path, 2)
+    check(data, outs, 2, tmp_path)
+
+
+@pytest.mark.slow
+def test_four_processes_share_every_pass(tmp_path):
+    data, outs = run_processes(tmp_path, 4)
+    check(data, outs, 4, tmp_path)
