@@ -34,6 +34,19 @@ WORKER = textwrap.dedent("""
     import jask
     jask.config.update("tile", TILE)
     X, Y, T = (jask.from_zarr(os.path.join(root, f"{k}.zarr")) for k in "XYT")
+    if len(sys.argv) > 5:                      # "kill": process 1 dies at its first tile write of update_
+        from jask.io import faults
+        W = jask.from_zarr(os.path.join(root, "W.zarr"), mode="r+")
+        def die(point, info):
+            if point == "before_tile_write" and pid == 1:
+                os._exit(9)
+        try:
+            with faults.armed(die):
+                W.update_(W * 2.0 + 1.0)
+            print("FINISHED", flush=True)
+        except Exception as e:
+            print("ERROR " + type(e).__name__ + ": " + str(e), flush=True)
+        os._exit(0)                            # JAX's own shutdown would wait for the lost process
     out = {}
     with jask.profile() as p:
         out["sum"] = float(jask.sum(X))
@@ -60,7 +73,7 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def run_processes(tmp_path, n):
+def run_processes(tmp_path, n, *extra):
     rng = np.random.default_rng(0)
     data = {}
     for name, shape in SHAPES.items():
@@ -73,12 +86,15 @@ def run_processes(tmp_path, n):
                PYTHONPATH=os.pathsep.join(filter(None, [ROOT, os.environ.get("PYTHONPATH")])))
     env.pop("XLA_FLAGS", None)
     port = _free_port()
-    procs = [subprocess.Popen([sys.executable, str(script), str(i), str(n), str(port), str(tmp_path)], env=env,
-                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for i in range(n)]
+    procs = [subprocess.Popen([sys.executable, str(script), str(i), str(n), str(port), str(tmp_path), *extra],
+                              env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for i in range(n)]
     outs = []
     try:
         for p in procs:
             stdout, stderr = p.communicate(timeout=240)
+            if extra:
+                outs.append((p.returncode, stdout, stderr))
+                continue
             lines = [ln for ln in stdout.splitlines() if ln.startswith("RESULT")]
             assert p.returncode == 0 and lines, stdout[-2000:] + stderr[-3000:]
             outs.append(json.loads(lines[0][len("RESULT"):]))
@@ -133,3 +149,13 @@ def test_two_processes_share_every_pass(tmp_path):
 def test_four_processes_share_every_pass(tmp_path):
     data, outs = run_processes(tmp_path, 4)
     check(data, outs, 4, tmp_path)
+
+
+def test_a_process_killed_mid_pass_leaves_the_old_store_and_a_named_error(tmp_path):
+    data, outs = run_processes(tmp_path, 2, "kill")
+    (rc0, out0, err0), (rc1, _, _) = outs
+    assert rc1 == 9, "process 1 was to die at its first tile write"
+    assert "ERROR ProcessLostError" in out0 and "W.zarr" in out0 and "old version" in out0, out0 + err0[-2000:]
+    np.testing.assert_array_equal(zarr.open_array(str(tmp_path / "W.zarr"), mode="r")[:], data["W"])
+    left = [f for f in os.listdir(tmp_path) if ".jask-" in f]
+    assert not left, f"staging folders left behind: {left}"

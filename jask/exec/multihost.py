@@ -25,7 +25,7 @@ import jax
 import numpy as np
 
 from jask.graph.tiling import grid
-from jask.io import dtypes
+from jask.io import dtypes, faults
 from jask.io.store import open_existing
 from jask.io.writer import make_chunk_writer
 
@@ -43,16 +43,30 @@ def _mh():
     return multihost_utils
 
 
-def barrier(name: str) -> None:
+class ProcessLostError(RuntimeError):
+    """A collective between the processes of a run failed: most often one of them stopped."""
+
+
+def _collective(what: str, fn, *args):
+    try:
+        return fn(*args)
+    except Exception as e:   # noqa: BLE001 -- gloo, the coordination service: all mean the run is broken
+        raise ProcessLostError(f"jask: process {jax.process_index()} of {jax.process_count()} could not "
+                               f"{what}: another process of the jax.distributed run failed or stopped "
+                               f"({type(e).__name__}: {(str(e).splitlines() or [''])[0][:300]})") from e
+
+
+def barrier(name: str, what: str = "reach a barrier") -> None:
     """Wait until every process reached ``name``."""
-    _mh().sync_global_devices(name)
+    _collective(f"{what} ({name})", _mh().sync_global_devices, name)
 
 
 def fold_scalar(value, combine, dtype):
     """``value`` (this process's partial, or None) folded with every other process's, in process order."""
     here = np.zeros((), dtype) if value is None else np.asarray(value, dtype)
-    flags = _mh().process_allgather(np.int32(value is not None))
-    parts = _mh().process_allgather(here)
+    flags = _collective("gather the partial results of a scalar", _mh().process_allgather,
+                        np.int32(value is not None))
+    parts = _collective("gather the partial results of a scalar", _mh().process_allgather, here)
     acc = None
     for flag, part in zip(np.asarray(flags).reshape(-1), np.asarray(parts)):
         if flag:
@@ -95,7 +109,8 @@ class SharedPathSink:
         self.sink, self.key, self.shared = sink, key, shared
         self.index, _ = processes()
         self.writer = self.array = None
-        path = _broadcast_text(sink.pending.tmp_path if self.index == 0 else "")
+        path = _collective(f"share the staging folder of {sink.pending.final_path}", _broadcast_text,
+                           sink.pending.tmp_path if self.index == 0 else "")
         if self.index != 0:
             sink.pending.abort()            # its own staging folder is not used
             if shared:
@@ -108,6 +123,8 @@ class SharedPathSink:
             self.sink.write(reg, tile)
         elif self.shared:
             block = dtypes.to_storage(np.asarray(tile))
+            if faults.hook is not None:     # the same fault points as the staging store's own writes
+                faults.fire("before_tile_write", path=self.sink.pending.final_path, region=reg)
             if self.writer is not None:
                 self.writer.write(tuple(reg), block)
             else:
@@ -116,9 +133,10 @@ class SharedPathSink:
     def finish(self):
         if self.writer is not None:
             self.writer.finish()           # this process's chunks are on disk
-        barrier(f"jask-written-{self.key}")
+        path = self.sink.pending.final_path
+        barrier(f"jask-written-{self.key}", f"finish writing {path} (it keeps its old version)")
         out = self.sink.finish() if self.index == 0 else None
-        barrier(f"jask-committed-{self.key}")
+        barrier(f"jask-committed-{self.key}", f"confirm the commit of {path}")
         if out is None:
             out = open_existing(self.sink.pending.final_path, "r+" if self.sink.writable else "r")
         return out
