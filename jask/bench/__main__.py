@@ -4,6 +4,7 @@
     python -m jask.bench --workload=sum,elementwise --gib=0.5,2 --budget=256MB --repeat=3
     python -m jask.bench --workload=dot --n=4096,8192 --cache=warm
     python -m jask.bench --workload=sum,dot --devices=1,2,4     # jask on 1, 2 and 4 local devices
+    python -m jask.bench --workload=sum --processes=1,2         # and as 2 jax.distributed processes
 
 Workloads (one module each in :mod:`jask.bench.workloads`): ``sum``,
 ``elementwise`` ((a - b) * c + a to a new array), ``dot`` (n x n), ``grad``
@@ -68,6 +69,8 @@ flags.DEFINE_boolean("report_only", False, "Rebuild results.md and the plots fro
 flags.DEFINE_list("devices", ["1"], "jask runs once per count of local devices a pass spreads over, e.g. "
                   "1,2,4 (reported as jask, jask-2dev, jask-4dev with ratios to one device); on a CPU-only "
                   "machine the child process gets that many forced host devices.")
+flags.DEFINE_list("processes", ["1"], "jask also runs as this many processes of a jax.distributed run on "
+                  "loopback (CPU collectives), e.g. 1,2,4 (reported as jask-2proc, ...; process 0's figures).")
 flags.DEFINE_float("rtol", 2e-3, "Relative tolerance for results agreeing between systems.")
 
 QUICK_BUDGET = "16MB"
@@ -146,6 +149,8 @@ class Suite:
         system = raw.get("task", {}).get("system") or raw.get("system")
         if system == "jask" and raw.get("task", {}).get("devices", 1) > 1:
             system = f"jask-{raw['task']['devices']}dev"
+        if system == "jask" and raw.get("task", {}).get("processes", 1) > 1:
+            system = f"jask-{raw['task']['processes']}proc"
         entry = dict(case, system=system)
         if "skipped" in raw:
             entry["skipped"] = raw["skipped"]
@@ -181,7 +186,7 @@ def _print_case_rows(rows):
             print(f"    {name:<12} {e['median_s']:8.3f} s  (min {e['min_s']:.3f}, max {e['max_s']:.3f}, "
                   f"{e['runs']} runs)  {rate:8.2f} {e['unit']}  peak RSS +{e['peak_rss_growth_mb']:.0f} MB  "
                   f"read {e['read_gb']:.2f} GB  wrote {e['written_gb']:.2f} GB  check {agree}"
-                  + (f"  {e['over_one_device']:.2f}x one device" if "over_one_device" in e else ""), flush=True)
+                  + (f"  {e['over_one_device']:.2f}x jask" if "over_one_device" in e else ""), flush=True)
 
 
 def finish_case(entries, W):
@@ -209,14 +214,20 @@ def finish_case(entries, W):
                 jask.setdefault("jask_over_limit", {})[limit] = jask["rate"] / lim["rate"]
 
 
-def _device_counts() -> list[int]:
+def _counts(values, flag: str) -> list[int]:
     try:
-        counts = sorted({int(n) for n in FLAGS.devices} | {1})
+        counts = sorted({int(n) for n in values} | {1})
     except ValueError:
-        raise app.UsageError(f"--devices takes device counts like 1,2,4, got {FLAGS.devices}") from None
+        raise app.UsageError(f"--{flag} takes counts like 1,2,4, got {values}") from None
     if counts[0] < 1:
-        raise app.UsageError(f"--devices counts must be at least 1, got {FLAGS.devices}")
+        raise app.UsageError(f"--{flag} counts must be at least 1, got {values}")
     return counts
+
+
+def _jask_variants() -> list[tuple[int, int]]:
+    """``(devices, processes)`` of each jask run: one device and process, then each extra count."""
+    return ([(1, 1)] + [(n, 1) for n in _counts(FLAGS.devices, "devices")[1:]]
+            + [(1, p) for p in _counts(FLAGS.processes, "processes")[1:]])
 
 
 def _run_settings(suite: Suite):
@@ -232,14 +243,15 @@ def _run_settings(suite: Suite):
     repeat = 1 if FLAGS.quick else FLAGS.repeat
     warmup = 0 if FLAGS.quick else FLAGS.warmup
     suite.meta.update(data_dir=data_dir, data_fs=fstype, layout=FLAGS.layout, isolate=isolate, repeat=repeat,
-                      warmup=warmup, time_cap=FLAGS.time_cap, backend=FLAGS.backend, devices=_device_counts())
+                      warmup=warmup, time_cap=FLAGS.time_cap, backend=FLAGS.backend,
+                      jask_variants=_jask_variants())
     return data_dir, fstype, on_ram, isolate, repeat, warmup
 
 
 def run_suite(suite: Suite):
     systems = _selected_peers()
-    counts = _device_counts()
-    labels = ["jask", *(f"jask-{n}dev" for n in counts[1:]), *systems[1:]]   # display order
+    variants = _jask_variants()
+    labels = ["jask", *(f"jask-{d}dev" if d > 1 else f"jask-{p}proc" for d, p in variants[1:]), *systems[1:]]
     data_dir, fstype, on_ram, isolate, repeat, warmup = _run_settings(suite)
     budget = suite.budget
     pending = []   # (case, entries, tasks, W) for isolate == "system"
@@ -265,9 +277,10 @@ def run_suite(suite: Suite):
                         continue
                     tasks += [harness.Task(
                         workload=W.NAME, size=params["label"], params=params, system=system, paths=paths,
-                        work_dir=os.path.join(root, f"work-{system}-{n}-{cache}"), cache=cache, repeat=repeat,
+                        work_dir=os.path.join(root, f"work-{system}-{d}-{pr}-{cache}"), cache=cache, repeat=repeat,
                         warmup=warmup, budget=budget, tile=tile, backend=FLAGS.backend, time_cap=FLAGS.time_cap,
-                        allow_tmpfs=on_ram, devices=n) for n in (counts if system == "jask" else [1])]
+                        allow_tmpfs=on_ram, devices=d, processes=pr)
+                        for d, pr in (variants if system == "jask" else [(1, 1)])]
                 if isolate == "task":
                     for task in tasks:
                         (raw,) = harness.run_tasks([task], timeout=FLAGS.timeout)
