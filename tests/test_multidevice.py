@@ -84,9 +84,9 @@ SCRIPT = textwrap.dedent("""
 """).replace("TILE", str(TILE))
 
 
-@pytest.fixture(scope="module")
-def report(tmp_path_factory):
-    env = dict(os.environ, XLA_FLAGS="--xla_force_host_platform_device_count=4", JASK_BACKEND="xla",
+@pytest.fixture(scope="module", params=["xla", pytest.param("pallas-interpret", marks=pytest.mark.slow)])
+def report(tmp_path_factory, request):
+    env = dict(os.environ, XLA_FLAGS="--xla_force_host_platform_device_count=4", JASK_BACKEND=request.param,
                JASK_SCRATCH_DIR=str(tmp_path_factory.mktemp("multidevice")), JAX_PLATFORMS="cpu")
     out = subprocess.run([sys.executable, "-c", SCRIPT], env=env, capture_output=True, text=True, timeout=300)
     lines = [ln for ln in out.stdout.splitlines() if ln.startswith("REPORT")]
