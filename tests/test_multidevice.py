@@ -143,3 +143,38 @@ def test_one_device_list_is_todays_pass(small_tiles):
         assert total == float((A * A).sum())
         assert p.bytes_by_device == {jax.devices()[0]: A.nbytes}
         assert p.windows_by_device == {jax.devices()[0]: p.windows}
+
+
+PLACED = textwrap.dedent("""
+    import jax, numpy as np, jask
+    from jask.exec import executor, run_windows
+    arrived = []     # for each read-ahead tile a kernel stacks: whether it is on that kernel's device
+    def spy(wrapped):
+        def f(values, dtype, device):
+            vs = values if isinstance(values, list) else [values]
+            arrived.extend(v.devices() == {device} for v in vs if isinstance(v, jax.Array))
+            return wrapped(values, dtype, device)
+        return f
+    run_windows._stack, run_windows._place = spy(run_windows._stack), spy(run_windows._place)
+    init = executor.Executor.__init__
+    def as_on_an_accelerator(self, *a, **k):
+        init(self, *a, **k)
+        self.place_on_reader = True        # reader threads copy each tile to its window's device
+    executor.Executor.__init__ = as_on_an_accelerator
+    jask.config.update("tile", 4)
+    jask.config.update("devices", "all")
+    A = np.random.default_rng(0).standard_normal((32, 24)).astype(np.float32)
+    B = np.random.default_rng(1).standard_normal((24, 8)).astype(np.float32)
+    a, b = jask.from_numpy(A), jask.from_numpy(B)
+    np.testing.assert_allclose(float(jask.sum(a * a)), (A * A).sum(), rtol=1e-5)
+    np.testing.assert_allclose(np.asarray(a @ b), A @ B, rtol=1e-5, atol=1e-5)
+    assert len(arrived) >= 48 + 12 and all(arrived), (len(arrived), arrived.count(False))
+    print("OK")
+""")
+
+
+def test_tiles_read_ahead_for_an_accelerator_arrive_on_their_windows_device(tmp_path):
+    env = dict(os.environ, XLA_FLAGS="--xla_force_host_platform_device_count=4", JASK_BACKEND="xla",
+               JASK_SCRATCH_DIR=str(tmp_path), JAX_PLATFORMS="cpu")
+    out = subprocess.run([sys.executable, "-c", PLACED], env=env, capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0 and "OK" in out.stdout, out.stdout + out.stderr[-3000:]

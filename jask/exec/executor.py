@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import itertools
+import threading
 import time
 
 import jax
@@ -55,10 +56,9 @@ class Executor:
         # the host fallback inside a callback (see run) computes with the host's backend
         self.backend = kernels.backend_for(self.backend, self.device.platform)
         # On an accelerator the reader threads start each tile's host-to-device copy (asynchronous),
-        # so the next window's transfer overlaps this window's kernel; the host keeps NumPy tiles.
-        # Several devices: the window's runner copies (the reader does not know the tile's device).
-        self.place = None if self.device.platform == "cpu" or len(self.devices) > 1 \
-            else (lambda x: jax.device_put(x, self.device))
+        # so the next window's transfer overlaps this window's kernel; the host keeps NumPy tiles
+        # (their buffers are recycled, so they are never handed to a CPU device without a copy).
+        self.place_on_reader = self.device.platform != "cpu"
 
     def read(self, node: StoredNode, idx):
         """One stored tile, read now (for custom ops and copies; passes read through the prefetcher)."""
@@ -116,7 +116,7 @@ class Executor:
         n = len(self.devices)
         sched = spread(self.plan, group, indices, window_limit(self.plan, n), window_input_bytes(self.device), n,
                        processes[0] * n, processes[1] * n)
-        requests = [r for _, w in sched for r in w.reads]
+        requests, place = self._placed_reads(sched)
         per_window = [[region_bytes(store, reg) for _, (store, reg) in w.reads] for _, w in sched]
         depth = prefetch_depth([b for sizes in per_window for b in sizes], max(map(sum, per_window), default=0))
         ids = {id(nd) for nd in group}
@@ -128,7 +128,7 @@ class Executor:
             dev = reading_for[0]
             count(**counts, bytes_by_device={dev: counts.get("bytes_read", 0)}, tiles_by_device={dev: 1})
 
-        with Prefetcher(requests, depth=depth, count=count_read, place=self.place) as stream:
+        with Prefetcher(requests, depth=depth, count=count_read, place=place) as stream:
             def take(key):
                 got, block = next(stream)
                 if got != key:
@@ -149,6 +149,25 @@ class Executor:
                 count(compute_seconds=time.perf_counter() - t0)
                 for node, idx, tile in partials.finished(share, finished):
                     yield node, idx, self._checked(node, idx, tile)
+
+    def _placed_reads(self, sched):
+        """The pass's read requests, and what the reader threads apply to each tile read (or None).
+
+        Each read goes to its window's device. The prefetcher calls ``place`` on
+        the reader thread that took the request from the iterator, so the
+        generator notes the device for that thread as it hands the request out.
+        """
+        if not self.place_on_reader:
+            return [r for _, w in sched for r in w.reads], None
+        target = threading.local()
+
+        def requests():
+            for share, w in sched:
+                for r in w.reads:
+                    target.device = self.devices[share]
+                    yield r
+
+        return requests(), lambda x: jax.device_put(x, target.device)
 
     def _checked(self, node, idx, tile):
         """A finished tile in the node's dtype and shape (zeros for a tile with no entries)."""
