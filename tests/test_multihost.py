@@ -34,7 +34,10 @@ WORKER = textwrap.dedent("""
     import jask
     jask.config.update("tile", TILE)
     X, Y, T = (jask.from_zarr(os.path.join(root, f"{k}.zarr")) for k in "XYT")
-    if len(sys.argv) > 5:                      # "kill": process 1 dies at its first tile write of update_
+    if sys.argv[5:] == ["devices"]:            # and each process spreads its share over its local devices
+        jask.config.update("devices", "all")
+        assert len(jax.local_devices()) == 2 and len(jax.devices()) == 2 * n, jax.devices()
+    elif len(sys.argv) > 5:                      # "kill": process 1 dies at its first tile write of update_
         from jask.io import faults
         W = jask.from_zarr(os.path.join(root, "W.zarr"), mode="r+")
         def die(point, info):
@@ -73,7 +76,7 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def run_processes(tmp_path, n, *extra):
+def run_processes(tmp_path, n, *extra, devices=1):
     rng = np.random.default_rng(0)
     data = {}
     for name, shape in SHAPES.items():
@@ -85,6 +88,8 @@ def run_processes(tmp_path, n, *extra):
     env = dict(os.environ, JAX_PLATFORMS="cpu", JASK_BACKEND="xla", JASK_SCRATCH_DIR=str(tmp_path),
                PYTHONPATH=os.pathsep.join(filter(None, [ROOT, os.environ.get("PYTHONPATH")])))
     env.pop("XLA_FLAGS", None)
+    if devices > 1:
+        env["XLA_FLAGS"] = f"--xla_force_host_platform_device_count={devices}"
     port = _free_port()
     procs = [subprocess.Popen([sys.executable, str(script), str(i), str(n), str(port), str(tmp_path), *extra],
                               env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for i in range(n)]
@@ -92,7 +97,7 @@ def run_processes(tmp_path, n, *extra):
     try:
         for p in procs:
             stdout, stderr = p.communicate(timeout=240)
-            if extra:
+            if extra == ("kill",):
                 outs.append((p.returncode, stdout, stderr))
                 continue
             lines = [ln for ln in stdout.splitlines() if ln.startswith("RESULT")]
@@ -149,6 +154,12 @@ def test_two_processes_share_every_pass(tmp_path):
 def test_four_processes_share_every_pass(tmp_path):
     data, outs = run_processes(tmp_path, 4)
     check(data, outs, 4, tmp_path)
+
+
+@pytest.mark.slow
+def test_two_processes_of_two_devices_each_share_every_pass(tmp_path):
+    data, outs = run_processes(tmp_path, 2, "devices", devices=2)
+    check(data, outs, 2, tmp_path)
 
 
 def test_a_process_killed_mid_pass_leaves_the_old_store_and_a_named_error(tmp_path):
