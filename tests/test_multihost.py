@@ -58,6 +58,9 @@ WORKER = textwrap.dedent("""
     with jask.profile() as p:
         ((X - Y) * 3.0 + X).to_zarr(os.path.join(root, "out.zarr"))
     out["ew_read"], out["ew_written"] = p.bytes_read, p.bytes_written
+    with jask.profile() as p:                  # chunks of two tiles: computed whole, written by process 0
+        (X * 2.0).to_zarr(os.path.join(root, "big_chunks.zarr"), chunks=(2 * TILE, 2 * TILE))
+    out["big_chunks_written"] = p.bytes_written
     W = jask.from_zarr(os.path.join(root, "W.zarr"), mode="r+")
     with jask.profile() as p:
         W.update_(W * 2.0 + 1.0)
@@ -129,6 +132,8 @@ def check(data, outs, n, tmp_path):
         got = [o[key] for o in outs]
         assert sum(got) == whole, (key, got, whole)
         assert all(abs(g - whole / n) <= 2 * tile for g in got), (key, got, whole)   # two arrays: a tile each
+    assert [o["big_chunks_written"] for o in outs] == [X.nbytes] + [0] * (n - 1)
+    np.testing.assert_array_equal(zarr.open_array(str(tmp_path / "big_chunks.zarr"), mode="r")[:], X * 2)
     # the shared output store holds every process's tiles: one process's result bit for bit
     jask.config.update("tile", TILE)
     jask.config.update("backend", "xla")

@@ -24,7 +24,7 @@ import itertools
 import jax
 import numpy as np
 
-from jask.graph.tiling import grid
+from jask.graph.tiling import block_shape, grid
 from jask.io import dtypes, faults
 from jask.io.store import open_existing
 from jask.io.writer import make_chunk_writer
@@ -86,12 +86,14 @@ def wrap_sinks(plan, group, sinks, tile):
 
 
 def shares_path_outputs(plan, group, sinks, tile) -> bool:
-    """Whether ``group`` can be cut between processes: every sink a user path in chunk files,
-    and no output tile's entries cut by a process boundary."""
+    """Whether ``group`` can be cut between processes: every sink a user path in chunk files of one
+    tile each (a chunk spanning two processes' tiles would be written by both), and no output
+    tile's entries cut by a process boundary."""
     from jask.exec.schedule import cuts_a_tile
     from jask.exec.sinks import PathSink
     _, count = processes()
-    if not all(isinstance(s, PathSink) and s.pending.array.shards is None for s in sinks):
+    if not all(isinstance(s, PathSink) and s.pending.array.shards is None
+               and tuple(s.pending.array.chunks) == block_shape(n.shape, tile) for n, s in zip(group, sinks)):
         return False
     indices = list(itertools.product(*map(range, grid(group[0].shape, tile))))
     return not cuts_a_tile(plan, group, indices, count)
@@ -103,11 +105,10 @@ class SharedPathSink:
     ``shared=False``: the pass runs whole everywhere and only process 0 writes.
     """
 
-    counts_io = True
-
     def __init__(self, sink, key: str, shared: bool = True):
         self.sink, self.key, self.shared = sink, key, shared
         self.index, _ = processes()
+        self.counts_io = shared or self.index == 0     # bytes this process writes
         self.writer = self.array = None
         path = _collective(f"share the staging folder of {sink.pending.final_path}", _broadcast_text,
                            sink.pending.tmp_path if self.index == 0 else "")
