@@ -15,6 +15,7 @@ import subprocess
 import sys
 import textwrap
 
+import jax
 import numpy as np
 import pytest
 import zarr
@@ -67,8 +68,10 @@ WORKER = textwrap.dedent("""
     out["update_read"], out["update_written"] = p.bytes_read, p.bytes_written
     out["W_after"] = np.asarray(W).tolist()
     w = jask.from_numpy(np.ones((24, 8), np.float32) / 10)
-    loss, g = jax.jit(jax.value_and_grad(lambda w: jask.sum(jask.square(X @ w - T))))(w)
-    out["loss"], out["grad"] = float(loss), np.asarray(g).tolist()
+    with jask.profile() as p:
+        loss, g = jax.jit(jax.value_and_grad(lambda w: jask.sum(jask.square(X @ w - T))))(w)
+        g = np.asarray(g)
+    out["loss"], out["grad"], out["grad_read"] = float(loss), g.tolist(), p.bytes_read
     print("RESULT" + json.dumps(out), flush=True)
 """).replace("TILE", str(TILE))
 
@@ -114,7 +117,7 @@ def run_processes(tmp_path, n, *extra, devices=1):
     return data, outs
 
 
-def check(data, outs, n, tmp_path):
+def check(data, outs, n, tmp_path, devices=1):
     X, Y, W, T = (data[k] for k in "XYWT")
     tile = TILE * TILE * 4
     # every process gets the same scalars, and they are right
@@ -137,7 +140,17 @@ def check(data, outs, n, tmp_path):
     # the shared output store holds every process's tiles: one process's result bit for bit
     jask.config.update("tile", TILE)
     jask.config.update("backend", "xla")
-    x, y, w_ = (jask.from_numpy(data[k]) for k in "XYW")
+    x, y, w_, t = (jask.from_numpy(data[k]) for k in "XYWT")
+    # jit(value_and_grad): every pass is shared. Each share boundary (n x devices shares) costs at
+    # most one more read of the small operands (w twice, the T-sized residual) and of one block
+    # column of X (the gradient's output tiles of one X column split between two shares).
+    with jask.profile() as p:
+        _, g1 = jax.jit(jax.value_and_grad(lambda w: jask.sum(jask.square(x @ w - t))))(jask.from_numpy(w))
+        np.asarray(g1)
+    boundary, shares = 2 * w.nbytes + T.nbytes + X.shape[0] * TILE * 4, n * devices
+    got = [o["grad_read"] for o in outs]
+    assert p.bytes_read < sum(got) <= p.bytes_read + (shares - 1) * boundary, (got, p.bytes_read)
+    assert max(got) < p.bytes_read, (got, p.bytes_read)
     one_ew, one_w = np.asarray((x - y) * 3.0 + x), np.asarray(w_ * 2.0 + 1.0)
     out = zarr.open_array(str(tmp_path / "out.zarr"), mode="r")[:]
     np.testing.assert_array_equal(out, one_ew)
@@ -164,7 +177,7 @@ def test_four_processes_share_every_pass(tmp_path):
 @pytest.mark.slow
 def test_two_processes_of_two_devices_each_share_every_pass(tmp_path):
     data, outs = run_processes(tmp_path, 2, "devices", devices=2)
-    check(data, outs, 2, tmp_path)
+    check(data, outs, 2, tmp_path, devices=2)
 
 
 def test_a_process_killed_mid_pass_leaves_the_old_store_and_a_named_error(tmp_path):

@@ -20,7 +20,7 @@ from jask.exec.devices import compute_device, compute_devices
 from jask.exec.executor import Executor, region_bytes, usable_devices, window_limit
 from jask.exec.run_windows import kernels_cache
 from jask.exec.schedule import spread, window_input_bytes
-from jask.exec.sinks import ScratchSink
+from jask.exec.sinks import PathSink, ScratchSink
 from jask.graph.nodes import Node, OpNode
 from jask.graph.op import CustomOp
 from jask.graph.tiling import grid, region
@@ -137,7 +137,8 @@ def _run(p: Plan, roots, make_sinks, devices=None):
                 results[i] = np.asarray(ex.tile_of(rr, ()))
             elif make_sinks is not None:
                 sink = make_sinks(r, p.tile)
-                results[i] = _copy(ex, rr, multihost.wrap_sinks(p, [rr], [sink], p.tile)[0][0] if many else sink)
+                results[i] = _copy(ex, rr, multihost.SharedPathSink(sink, multihost._next_key(), shared=False)
+                                   if many and isinstance(sink, PathSink) else sink)
             else:
                 results[i] = rr
     for group in p.groups:
@@ -153,11 +154,11 @@ def _run(p: Plan, roots, make_sinks, devices=None):
             continue
         sinks = [make_sinks(n, p.tile) if (id(n) in root_ids and make_sinks is not None)
                  else ScratchSink(n, p.tile) for n in group]
-        share = (0, 1)
+        share, exchange = (0, 1), None
         if many:
-            sinks, share = multihost.wrap_sinks(p, group, sinks, p.tile)
+            sinks, share, exchange = multihost.wrap_sinks(p, group, sinks, p.tile)
         try:
-            ex.compute(group, sinks, share)
+            ex.compute(group, sinks, share, exchange)
         except BaseException:
             for sink in sinks:
                 sink.abort()

@@ -80,10 +80,11 @@ class Executor:
         ((_, _, tile),) = self.run_windows([node], [tuple(idx)])
         return tile
 
-    def compute(self, nodes: list[OpNode], sinks, processes=(0, 1)) -> None:
+    def compute(self, nodes: list[OpNode], sinks, processes=(0, 1), exchange=None) -> None:
         """Compute a lockstep group (usually one node), window by window, writing each finished tile.
 
-        ``processes=(i, n)``: compute only process i's share of n (a multi-host run).
+        ``processes=(i, n)``: compute only process i's share of n (a multi-host run);
+        ``exchange(tiles)`` turns that share's tiles into the ones to write.
         """
         op = self.plan.prepared[id(nodes[0])].op
         if isinstance(op, CustomOp):
@@ -100,7 +101,8 @@ class Executor:
             for node, sink in zip(nodes, sinks):
                 writer_of[id(node)] = stack.enter_context(
                     WriteBehind(sink, depth=WRITE_DEPTH, count=count if sink.counts_io else count_wait))
-            for node, idx, tile in self.run_windows(nodes, indices, processes):
+            tiles = self.run_windows(nodes, indices, processes)
+            for node, idx, tile in (tiles if exchange is None else exchange(tiles)):
                 writer_of[id(node)].put(region(idx, node.shape, self.tile), tile, key=idx)
                 count(tiles=1)
                 bar.update(1, tile.nbytes)

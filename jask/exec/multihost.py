@@ -7,24 +7,35 @@ outputs can be shared is cut into one contiguous share per process
 * A scalar root (a ``sum``, a loss): each process folds its partial; the
   partials are gathered (``process_allgather``) and folded in process order,
   so every process gets the same value.
-* An output to a user path (``to_zarr``, ``update_``): process 0 creates the
+* An output to a user path (``to_zarr``, ``update_``) in one-tile chunks: process 0 creates the
   hidden staging folder, every process writes its own tiles into it, and after
   a barrier process 0 commits it (the usual atomic rename); a second barrier
   lets the others open the committed array.
 
-Other passes (scratch stages, in-memory results, custom ops, sharded outputs,
-and user-path outputs whose tiles a share boundary would cut) run whole in
-every process, as in a single-process run; of those, only process 0 writes a
-user path. See DESIGN.md.
+* A scratch stage (an intermediate the next pass reads): the same, in a store
+  in process 0's scratch folder that every process pins and reads.
+* A small output that cannot be written so (in memory, or tiles a share
+  boundary cuts; a gradient of weights):
+  each process computes its share, the whole output is gathered and folded
+  alike in every process, and each writes it to its own sink.
+
+Other passes (in-memory results of large arrays, custom ops, sharded outputs,
+chunks spanning tiles) run whole in every process, as in a single-process run;
+of those, only process 0 writes a user path. See DESIGN.md.
 """
 from __future__ import annotations
 
 import itertools
+import os
 
 import jax
 import numpy as np
 
-from jask.graph.tiling import block_shape, grid
+from jask.config import config
+from jask.exec.events import count
+from jask.exec.schedule import cuts_a_tile
+from jask.graph.nodes import OpNode, StoredNode
+from jask.graph.tiling import block_at, block_shape, grid, region
 from jask.io import dtypes, faults
 from jask.io.store import open_existing
 from jask.io.writer import make_chunk_writer
@@ -75,28 +86,80 @@ def fold_scalar(value, combine, dtype):
 
 
 def wrap_sinks(plan, group, sinks, tile):
-    """``(sinks, share)`` for a group in a multi-process run: user paths made shared, and this process's
-    share of the pass, or ``(0, 1)`` when every process computes the whole group."""
-    from jask.exec.sinks import PathSink
+    """``(sinks, share, exchange)`` for a group in a multi-process run.
+
+    ``share`` is this process's share of the pass, or ``(0, 1)`` when every
+    process computes the whole group; ``exchange``, when not None, turns the
+    tiles of this process's share into every tile of the group (small outputs
+    that cannot be shared so, such as an in-memory result or tiles a process
+    boundary cuts: gathered and folded alike everywhere).
+    """
+    from jask.exec.sinks import PathSink, ScratchSink
     index, count = processes()
-    split = shares_path_outputs(plan, group, sinks, tile)
-    wrapped = [SharedPathSink(s, str(next(_sink_numbers)), shared=split) if isinstance(s, PathSink) else s
-               for s in sinks]
-    return wrapped, ((index, count) if split else (0, 1))
-
-
-def shares_path_outputs(plan, group, sinks, tile) -> bool:
-    """Whether ``group`` can be cut between processes: every sink a user path in chunk files of one
-    tile each (a chunk spanning two processes' tiles would be written by both), and no output
-    tile's entries cut by a process boundary."""
-    from jask.exec.schedule import cuts_a_tile
-    from jask.exec.sinks import PathSink
-    _, count = processes()
-    if not all(isinstance(s, PathSink) and s.pending.array.shards is None
-               and tuple(s.pending.array.chunks) == block_shape(n.shape, tile) for n, s in zip(group, sinks)):
-        return False
     indices = list(itertools.product(*map(range, grid(group[0].shape, tile))))
-    return not cuts_a_tile(plan, group, indices, count)
+    cut = cuts_a_tile(plan, group, indices, count)
+    whole_tiles = all(_one_tile_chunks(s, n, tile) for n, s in zip(group, sinks))
+    if not cut and whole_tiles and all(type(s) in (PathSink, ScratchSink) and getattr(s, "adopt", True)
+                                       for s in sinks):
+        wrapped = [SharedPathSink(s, _next_key()) if isinstance(s, PathSink) else shared_scratch(s, tile)
+                   for s in sinks]
+        return wrapped, (index, count), None
+    wrapped = [SharedPathSink(s, _next_key(), shared=False) if isinstance(s, PathSink) else s for s in sinks]
+    small = sum(int(np.prod(n.shape)) * np.dtype(n.dtype).itemsize for n in group) <= config.memory_budget // 8
+    if small and len(group) == 1:
+        return wrapped, (index, count), lambda tiles: gather_tiles(plan, group[0], tile, tiles)
+    return wrapped, (0, 1), None
+
+
+def _next_key() -> str:
+    return str(next(_sink_numbers))
+
+
+def _one_tile_chunks(sink, node, tile) -> bool:
+    """Whether ``sink`` writes chunk files of one tile each (each written by one process)."""
+    pending = getattr(sink, "pending", None)
+    return (pending is not None and pending.array.shards is None
+            and tuple(pending.array.chunks) == block_shape(node.shape, tile))
+
+
+def gather_tiles(plan, node, tile, tiles):
+    """Every tile of a small output: each process's tiles (partials where a boundary cut one),
+    gathered and folded in process order, so every process writes the same values."""
+    from jask.exec.run_windows import kernels_cache
+    full = np.zeros(node.shape, node.dtype)
+    held = np.zeros(grid(node.shape, tile), np.int32)
+    for _, idx, t in tiles:
+        full[region(idx, node.shape, tile)] = np.asarray(t)
+        held[idx] = 1
+    what = f"gather the tiles of {plan.prepared[id(node)].name} {node.shape}"
+    fulls = np.asarray(_collective(what, _mh().process_allgather, full))
+    helds = np.asarray(_collective(what, _mh().process_allgather, held))
+    combine = kernels_cache.combine(plan.prepared[id(node)].op)
+    for idx in itertools.product(*map(range, held.shape)):
+        acc = None
+        for p in range(helds.shape[0]):
+            if helds[p][idx]:
+                part = fulls[p][region(idx, node.shape, tile)]
+                acc = part if acc is None else np.asarray(combine(acc, part))
+        yield node, idx, (np.zeros(block_at(node.shape, idx, tile), node.dtype) if acc is None
+                          else np.asarray(acc, node.dtype))
+
+
+def shared_scratch(local, tile):
+    """A scratch stage written by every process into one store, which every process then reads.
+
+    Process 0 places it in its scratch folder (which the others must see: one
+    host, or a shared ``JASK_SCRATCH_DIR``) under a *retired* name, and every
+    process pins it, so the last process to let go deletes it
+    (:mod:`jask.io.pins`), never one still reading.
+    """
+    from jask.exec.sinks import PathSink
+    from jask.io import scratch
+    local.abort()                                   # the per-process store is not used
+    key = _next_key()
+    final = os.path.join(scratch.process_dir(), f".shared-{key}.zarr.jask-old-shared")
+    path = _collective("share a scratch stage's path", _broadcast_text, final if processes()[0] == 0 else "")
+    return SharedPathSink(PathSink(local.node, tile, path), key, adopt=local.node)
 
 
 class SharedPathSink:
@@ -105,8 +168,8 @@ class SharedPathSink:
     ``shared=False``: the pass runs whole everywhere and only process 0 writes.
     """
 
-    def __init__(self, sink, key: str, shared: bool = True):
-        self.sink, self.key, self.shared = sink, key, shared
+    def __init__(self, sink, key: str, shared: bool = True, adopt=None):
+        self.sink, self.key, self.shared, self.adopt = sink, key, shared, adopt
         self.index, _ = processes()
         self.counts_io = shared or self.index == 0     # bytes this process writes
         self.writer = self.array = None
@@ -140,7 +203,16 @@ class SharedPathSink:
         barrier(f"jask-committed-{self.key}", f"confirm the commit of {path}")
         if out is None:
             out = open_existing(self.sink.pending.final_path, "r+" if self.sink.writable else "r")
-        return out
+        if self.adopt is None:
+            return out
+        # a shared scratch stage: pinned in every process before any may let go (the last one deletes it)
+        barrier(f"jask-opened-{self.key}", f"open the shared scratch stage {path}")
+        stored = StoredNode(out)
+        if isinstance(self.adopt, OpNode):
+            self.adopt.set_result(stored)
+        if self.index != 0:
+            count(arrays_written=1)                  # process 0's PathSink counted its own
+        return stored
 
     def abort(self):
         self.sink.abort()
