@@ -99,7 +99,8 @@ def wrap_sinks(plan, group, sinks, tile):
     indices = list(itertools.product(*map(range, grid(group[0].shape, tile))))
     cut = cuts_a_tile(plan, group, indices, count)
     whole_tiles = all(_one_tile_chunks(s, n, tile) for n, s in zip(group, sinks))
-    if not cut and whole_tiles and all(type(s) in (PathSink, ScratchSink) and getattr(s, "adopt", True)
+    scratch_ok = one_host() and all(getattr(s, "adopt", True) for s in sinks if type(s) is ScratchSink)
+    if not cut and whole_tiles and all(type(s) is PathSink or (type(s) is ScratchSink and scratch_ok)
                                        for s in sinks):
         wrapped = [SharedPathSink(s, _next_key()) if isinstance(s, PathSink) else shared_scratch(s, tile)
                    for s in sinks]
@@ -109,6 +110,25 @@ def wrap_sinks(plan, group, sinks, tile):
     if small and len(group) == 1:
         return wrapped, (index, count), lambda tiles: gather_tiles(plan, group[0], tile, tiles)
     return wrapped, (0, 1), None
+
+
+_hosts: dict = {}
+
+
+def one_host() -> bool:
+    """Whether every process runs on this host (asked once per run, all processes together).
+
+    Shared scratch stages live in process 0's scratch folder; the sweep of stale
+    scratch folders (:func:`jask.io.scratch.remove_stale`) judges them by pid,
+    which means nothing on another host, so stages are shared only on one host.
+    """
+    if "one" not in _hosts:
+        import socket
+        import zlib
+        mine = np.uint32(zlib.crc32(socket.gethostname().encode()))
+        every = np.asarray(_collective("compare host names", _mh().process_allgather, mine))
+        _hosts["one"] = bool((every == mine).all())
+    return _hosts["one"]
 
 
 def _next_key() -> str:
