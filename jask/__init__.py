@@ -8,6 +8,7 @@ from jask.exec.events import Stats
 from jask.hijax.array import DiskArray
 from jask.config import set_memory_budget
 from jask.io.scratch import cleanup_scratch
+from jask.io.urls import BucketNotFoundError, RemoteAccessError, RemoteStoreError, StoreURLError
 from jask.linalg.add import add
 from jask.linalg.dot import dot
 from jask.linalg.mul import mul
@@ -22,11 +23,14 @@ from jask import nn  # noqa: E402 - jax.nn's names over DiskArrays
 from jask.ops.batches import batches
 from jask.api.sinks import materialize, persist, rechunk, to_zarr, update_
 from jask.api.sources import from_numpy, from_zarr
+from jask.api.errors import OverBudgetError
+from jask.io.scratch import TmpfsScratchError
 
 __version__ = "0.1.0"
 
 __all__ = [
-    "DiskArray", "Stats", "add", "batches", "cleanup_scratch", "config", "dot", "explain", "from_numpy", "from_zarr",
-    "materialize", "mul", "nn", "numpy", "persist", "profile", "rechunk", "runtime_baseline", "set_memory_budget",
-    "square", "sub", "sum", "to_zarr", "transpose", "update_",
+    "BucketNotFoundError", "DiskArray", "OverBudgetError", "RemoteAccessError", "RemoteStoreError", "Stats",
+    "StoreURLError", "TmpfsScratchError", "add", "batches", "cleanup_scratch", "config", "dot", "explain",
+    "from_numpy", "from_zarr", "materialize", "mul", "nn", "numpy", "persist", "profile", "rechunk",
+    "runtime_baseline", "set_memory_budget", "square", "sub", "sum", "to_zarr", "transpose", "update_",
 ]

@@ -1,4 +1,4 @@
-"""Runtime settings: memory budget, scratch location, backend, forced tile size.
+"""Runtime settings: memory budget, scratch location, backend, forced tile size, durability.
 
 One mutable ``Config`` instance, changed through :func:`update` or
 :func:`set_memory_budget`; every planner and executor call reads it fresh, so a
@@ -10,7 +10,7 @@ import dataclasses
 import os
 import re
 
-from jask.io import scratch
+from jask.io import durable, scratch
 from jask.kernels import registry
 
 _UNITS = {
@@ -41,11 +41,18 @@ def parse_bytes(value) -> int:
 
 @dataclasses.dataclass
 class Config:
-    """Current settings. ``tile`` forces the tile edge (None: derive from the budget)."""
+    """Current settings. ``tile`` forces the tile edge (None: derive from the budget).
+
+    ``durability``: ``"process"`` (default) makes every commit survive a killed
+    process; ``"power"`` also a power cut, by fsyncing each user store's files
+    and folders before its commit rename and the parent folder after it
+    (:mod:`jask.io.durable`). ``JASK_DURABILITY`` sets the default.
+    """
 
     memory_budget: int = parse_bytes(os.environ.get("JASK_MEMORY_BUDGET", "512MB"))
     scratch_dir: str | None = os.environ.get("JASK_SCRATCH_DIR") or None
     allow_tmpfs: bool = False
+    scratch_storage_options: dict | None = None   # credentials/endpoint when scratch_dir is a store URL
     backend: str = os.environ.get("JASK_BACKEND", "auto")
     tile: int | None = None
     fusion: bool = True
@@ -54,9 +61,11 @@ class Config:
     devices: object = None         # devices a pass spreads its windows over: a tuple, "all", or None (just `device`)
     device_budget: int | None = None  # bytes of device memory a window may take; None: half the free memory
     precision: str = os.environ.get("JASK_PRECISION", "highest")  # float32 contractions (matmul precision)
+    durability: str = os.environ.get("JASK_DURABILITY", "process")  # "power": fsync around commits (jask.io.durable)
 
 
 config = Config()
+durable.check_mode(config.durability)   # a bad JASK_DURABILITY fails at import, naming the choices
 scratch.use_settings(config)   # the io layer reads its settings from here, never imports this module
 registry.use_settings(config)  # so does the kernels layer
 
@@ -81,6 +90,8 @@ def update(name: str, value) -> None:
     elif name == "tile" and value is not None:
         if isinstance(value, bool) or not isinstance(value, int) or value < 1:
             raise ValueError(f"tile must be a positive int or None, got {value!r}")
+    elif name == "durability":
+        durable.check_mode(value)
     elif name == "scratch_dir" and value is not None:
         scratch.check_scratch_dir(value, config.allow_tmpfs)
     setattr(config, name, value)

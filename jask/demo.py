@@ -94,8 +94,8 @@ def main(argv):
                 new_w, state, loss = step(w, state, X, y)
                 w.update_(new_w)
             steps.append(s)
-            print(f"step {i:3d}  loss {float(loss):.6f}  ({s.wall_seconds:.2f} s, "
-                  f"+{s.working_set_bytes / 2**20:.0f} MiB RSS during the step)")
+            grew = "" if s.peak_rss_is_lifetime else f", +{s.working_set_bytes / 2**20:.0f} MiB RSS during the step"
+            print(f"step {i:3d}  loss {float(loss):.6f}  ({s.wall_seconds:.2f} s{grew})")
     wall = p.wall_seconds
     print(f"throughput: {p.bytes_read / wall / 1e9:.2f} GB/s read, "
           f"{FLAGS.steps * X.nbytes / wall / 1e9:.2f} GB/s of X per step-pass, {wall / FLAGS.steps:.2f} s/step")
@@ -115,9 +115,15 @@ def memory_lines(p, steps, baseline: int, budget: int) -> str:
     set, the growth during one step, which the budget bounds. The first step
     also compiles the step, so it is shown apart.
     """
+    from jask.api import observe as jask_observe
     mib = lambda n: f"{n / 2**20:.0f} MiB"
     added = max(p.peak_rss_bytes - baseline, 0)
     when = " over the process's lifetime" if p.peak_rss_is_lifetime else ""
+    if p.peak_rss_is_lifetime and p.peak_rss_bytes <= jask_observe.runtime_startup_peak():
+        return (f"memory: peak RSS {mib(p.peak_rss_bytes)}{when}, reached while the runtime started (Python, JAX, "
+                f"XLA and the device runtime; {mib(baseline)} resident after start-up)\n"
+                f"        (this platform cannot reset the peak, so jask's per-step working set is not "
+                f"measured; budget {mib(budget)})")
     lines = [f"memory: peak RSS {mib(p.peak_rss_bytes)}{when} = runtime baseline {mib(baseline)} (Python, JAX, "
              f"XLA and the device runtime at start-up) + {mib(added)} added since (compiled step, caches, "
              "jask's tiles)"]

@@ -3,7 +3,7 @@
 Usage:
   python reliability_worker.py serve
       A zygote: imports jask once, then for each JSON request line on stdin
-      ({"scenario", "dir", "scratch", "fault" or "record"}) forks a child that
+      ({"scenario", "dir", "scratch", "fault" or "record", optionally "durability"}) forks a child that
       runs the scenario (armed with ``fault``, e.g. ``*:7``, or recording every
       fault point into the file ``record``), waits for it and prints one JSON
       line {"pid", "signal", "code"}. Forking saves the 2 s jax import per kill
@@ -50,6 +50,7 @@ _EXPECTED = {
     "optim": {"p1.zarr": (P1, P1 - 0.5 * (P1 - A)), "p2.zarr": (P2, P2 - 0.5 * (P2 - B))},
 }
 SCENARIOS = tuple(_EXPECTED)
+RESUME_TILE = 2       # "resume", "resume-update" (not in SCENARIOS): to_zarr(2a + b) / w.update_(3w + a), 16 tiles
 
 
 def expected(scenario):
@@ -62,9 +63,13 @@ def make_inputs(scenario, folder):
     import zarr
     os.makedirs(folder, exist_ok=True)
     arrays = {"a.zarr": A, "b.zarr": B}
-    arrays.update({name: old for name, (old, _) in expected(scenario).items() if old is not None})
+    if scenario == "resume-update":
+        arrays["w.zarr"] = W
+    elif scenario != "resume":
+        arrays.update({name: old for name, (old, _) in expected(scenario).items() if old is not None})
+    edge = RESUME_TILE if scenario.startswith("resume") else TILE
     for name, value in arrays.items():
-        z = zarr.create_array(os.path.join(folder, name), shape=SHAPE, dtype=np.float32, chunks=(TILE, TILE),
+        z = zarr.create_array(os.path.join(folder, name), shape=SHAPE, dtype=np.float32, chunks=(edge, edge),
                               compressors=None, fill_value=0)
         z[...] = value
 
@@ -90,6 +95,13 @@ def run_scenario(scenario, folder):
         g1, g2 = p1 - a, p2 - b
         p1.update_(p1 - g1 * 0.5)
         p2.update_(p2 - g2 * 0.5)
+    elif scenario == "resume":                            # killed, then continued by the parent
+        jask.config.update("tile", RESUME_TILE)
+        jask.to_zarr(a * 2.0 + b, p("out.zarr"), resume=True)
+    elif scenario == "resume-update":
+        jask.config.update("tile", RESUME_TILE)
+        w = jask.from_zarr(p("w.zarr"), mode="r+")
+        w.update_(w * 3.0 + a, resume=True)
     else:
         raise SystemExit(f"unknown scenario {scenario}")
 
@@ -103,6 +115,9 @@ def _setup(scratch):
 def _child(req) -> int:
     from jask.io import faults
     _setup(req["scratch"])
+    if req.get("durability"):
+        import jask
+        jask.config.update("durability", req["durability"])
     recorder = None
     if req.get("record"):
         recorder = faults.arm(faults.Recorder())

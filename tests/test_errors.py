@@ -307,6 +307,52 @@ def test_from_zarr_bad_mode_and_type(tmp_path):
         jask.from_zarr(42)
 
 
+def _tree(root):
+    """Every entry under ``root`` with its bytes (files) or None (folders): to show nothing was touched."""
+    out = {}
+    for folder, dirs, files in os.walk(root):
+        out.update({os.path.relpath(os.path.join(folder, d), root): None for d in dirs})
+        for f in files:
+            with open(os.path.join(folder, f), "rb") as fh:
+                out[os.path.relpath(os.path.join(folder, f), root)] = fh.read()
+    return out
+
+
+def test_to_zarr_refuses_to_replace_what_is_not_a_zarr_array(small_tiles, tmp_path):
+    """overwrite=True replaces Zarr arrays only: a file, a plain folder, a path under a file are refused
+    before any tile is computed, and nothing on disk changes."""
+    (tmp_path / "file.bin").write_bytes(b"mine")
+    (tmp_path / "plain").mkdir()
+    (tmp_path / "plain" / "notes.txt").write_text("mine too")
+    before = _tree(tmp_path)
+    x = jask.from_numpy(_rand((5, 7))) * 2.0
+    cases = [("file.bin", FileExistsError, "is a file, not a Zarr array"),
+             ("plain", FileExistsError, "holds no Zarr array"),
+             ("file.bin/x.zarr", NotADirectoryError, "file.bin is a file, not a folder")]
+    with jask.profile() as prof:
+        for name, err, text in cases:
+            with pytest.raises(err, match=re.escape(text)) as info:
+                jask.to_zarr(x, tmp_path / name, overwrite=True)
+            assert str(tmp_path / name) in str(info.value)
+    assert prof.tiles == 0 and prof.bytes_written == 0
+    assert _tree(tmp_path) == before
+
+
+def test_to_zarr_into_a_read_only_folder(small_tiles, tmp_path):
+    if os.geteuid() == 0:
+        pytest.skip("root writes into read-only folders: permissions cannot be tested as root")
+    ro = tmp_path / "ro"
+    ro.mkdir()
+    ro.chmod(0o555)
+    try:
+        with jask.profile() as prof:
+            with pytest.raises(PermissionError, match=f"{re.escape(str(ro))} is not writable"):
+                jask.to_zarr(jask.from_numpy(_rand((5, 7))) * 2.0, ro / "x.zarr")
+        assert prof.tiles == 0 and os.listdir(ro) == []
+    finally:
+        ro.chmod(0o755)
+
+
 def test_update_read_only_store(small_tiles, tmp_path):
     A = _rand((5, 7))
     p = tmp_path / "ro.zarr"
@@ -506,8 +552,12 @@ def test_tmpfs_scratch_dir_refused():
     fstype = _shm()
     target = "/dev/shm/jask-test-scratch-never-created"
     before = (config.scratch_dir, config.memory_budget)
-    with pytest.raises(ValueError, match=f"is on {fstype}"):
+    with pytest.raises(jask.TmpfsScratchError, match=f"is on {fstype}.*JASK_SCRATCH_DIR.*scratch_dir=") as info:
         jask.set_memory_budget("256MB", scratch_dir=target)
+    assert info.value.path == target and info.value.disks == scratch.real_disks()
+    for mount, kind in info.value.disks:                     # the real disks it found are named
+        assert f"{mount} ({kind})" in str(info.value)
+    assert all(kind not in ("tmpfs", "ramfs", "proc") for _, kind in info.value.disks)
     with pytest.raises(ValueError, match="allow_tmpfs=True"):
         jask.config.update("scratch_dir", target)
     assert (config.scratch_dir, config.memory_budget) == before
@@ -516,6 +566,22 @@ def test_tmpfs_scratch_dir_refused():
     jask.set_memory_budget("256MB", scratch_dir=target, allow_tmpfs=True)
     assert config.scratch_dir == target and config.allow_tmpfs
     assert not os.path.exists(target)
+
+
+def test_materialize_over_the_budget_is_refused_unless_allowed(small_tiles):
+    jask.set_memory_budget("64KB")
+    a = np.arange(160 * 120, dtype=np.float32).reshape(160, 120)       # 75 KiB
+    x = jask.from_numpy(a) * 2.0
+    with jask.profile() as prof:
+        with pytest.raises(jask.OverBudgetError, match=r"shape \(160, 120\) takes 75.00 KiB, more than the "
+                           r"memory budget of 62.50 KiB; pass materialize\(x, allow_over_budget=True\)") as info:
+            jask.materialize(x)
+        with pytest.raises(jask.OverBudgetError):
+            jax.jit(jask.materialize)(x)
+    assert (info.value.nbytes, info.value.budget) == (a.nbytes, 64000)
+    assert prof.tiles == 0 and prof.bytes_read == 0                      # refused before any work
+    np.testing.assert_array_equal(np.asarray(jask.materialize(x, allow_over_budget=True)), 2 * a)
+    np.testing.assert_array_equal(np.asarray(jask.materialize(x[:80])), 2 * a[:80])   # within: as before
 
 
 def test_filesystem_type():

@@ -15,7 +15,8 @@ SLACK = 150 * 2**20          # allowed RSS growth beyond the budget (allocator, 
 
 def _run(workload, data_dir, budget=BUDGET):
     out = subprocess.run([sys.executable, WORKER, workload, str(data_dir), str(budget), str(N)],
-                         check=True, capture_output=True, text=True, timeout=600)
+                         capture_output=True, text=True, timeout=600)
+    assert out.returncode == 0, f"memory_worker {workload} exited {out.returncode}:\n{out.stderr[-3000:]}"
     return json.loads(out.stdout.strip().splitlines()[-1]) if workload != "make" else None
 
 

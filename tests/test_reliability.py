@@ -29,7 +29,7 @@ import zarr
 
 import jask
 from jask.config import config
-from jask.io import faults, pins, recovery, scratch, store
+from jask.io import faults, owners, pins, recovery, scratch, store
 from jask.io.reader import CorruptChunkError, MissingChunkError
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -53,6 +53,8 @@ def _dead_pid():
 
 def _worker_env(**extra):
     env = {k: v for k, v in os.environ.items() if k != "JASK_FAULT"}
+    # the workers import this checkout's jask, as the tests do, whichever one is installed
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (os.path.dirname(HERE), env.get("PYTHONPATH")) if p)
     env.update(OPENBLAS_NUM_THREADS="1", **extra)   # no BLAS threads in the zygote when it forks
     return env
 
@@ -97,6 +99,30 @@ class _Zygotes:
             p.wait(timeout=60)
 
 
+def _leftovers(root):
+    """Hidden temporaries and scratch process folders under ``root`` whose owner process has ended."""
+    found = []
+    for folder, dirs, _ in os.walk(root):
+        for name in dirs:
+            parts = name.split("-")
+            hidden = ".jask-" in name and name.startswith(".")
+            owned = len(parts) == 3 and parts[0] == "jask" and parts[1].isdigit()
+            pid = hidden and name.rsplit("-", 2)[-2]
+            if (hidden and pid.isdigit() and owners.owner_gone(int(pid), os.path.join(folder, name))) or \
+                    (owned and owners.owner_gone(int(parts[1]), os.path.join(folder, name))):
+                found.append(os.path.join(folder, name))
+    return found
+
+
+@pytest.fixture(autouse=True)
+def _nothing_left_behind(tmp_path):
+    """After every test here, killed children included: no temporary of an ended process remains."""
+    yield
+    gc.collect()
+    left = _leftovers(tmp_path)
+    assert left == [], f"leftovers of ended processes: {left}"
+
+
 @pytest.fixture(scope="module")
 def zygotes(tmp_path_factory):
     z = _Zygotes(ZYGOTES, str(tmp_path_factory.mktemp("zygote-logs")))
@@ -134,8 +160,19 @@ def _check_kill_dir(folder, scenario, swap_at, n):
 @pytest.mark.parametrize("scenario", rw.SCENARIOS)
 def test_sigkill_at_every_fault_point(zygotes, tmp_path, scenario):
     """Kill a child at every fault point of a scenario; every array is then its old or its new value."""
+    _kill_at_every_point(zygotes, tmp_path, scenario, "process")
+
+
+@pytest.mark.parametrize("scenario", ["overwrite", "update-fallback"])
+def test_sigkill_at_every_fsync_with_power_durability(zygotes, tmp_path, scenario):
+    """With durability "power" the kill points include every fsync (before and after the swap): same outcome."""
+    points = _kill_at_every_point(zygotes, tmp_path, scenario, "power")
+    assert sum(p == "before_fsync" for p, _ in points) >= 6, points   # 4 chunks, metadata, folders, parent
+
+
+def _kill_at_every_point(zygotes, tmp_path, scenario, durability):
     scratch_root = str(tmp_path / "scratch")
-    base = dict(scenario=scenario, scratch=scratch_root)
+    base = dict(scenario=scenario, scratch=scratch_root, durability=durability)
     rw.make_inputs(scenario, str(tmp_path / "dry"))
     record = str(tmp_path / "points.json")
     (dry,) = list(zygotes.run([dict(base, dir=str(tmp_path / "dry"), record=record)]))
@@ -162,17 +199,121 @@ def test_sigkill_at_every_fault_point(zygotes, tmp_path, scenario):
             f"point {n} ({points[n - 1][0]}): child ended with {res}, not SIGKILL; {zygotes.log_tail()}"
         _check_kill_dir(d, scenario, swap_at, n)
 
-    if scenario == "chain":
-        # Scratch hygiene: killed children's scratch folders are swept by the next process using the dir.
-        assert os.listdir(scratch_root), "killed children that persisted should have left scratch folders"
-        rw.make_inputs(scenario, str(tmp_path / "last"))
-        (last,) = list(zygotes.run([dict(base, dir=str(tmp_path / "last"))]))
-        assert last["code"] == 0, zygotes.log_tail()
-        assert os.listdir(scratch_root) == [], f"stale scratch folders not swept: {os.listdir(scratch_root)}"
-    else:
-        assert not os.path.exists(scratch_root), "this scenario should not have needed scratch"
+    # Scratch hygiene: killed children's scratch folders (each lists the user paths it wrote beside)
+    # are swept by the next process using the dir.
+    assert os.listdir(scratch_root), "killed children should have left scratch folders"
+    if scenario != "chain":
+        stores = [d for _, dirs, _ in os.walk(scratch_root) for d in dirs if d.endswith(".zarr")]
+        assert stores == [], "this scenario should not have needed scratch stores"
+    rw.make_inputs(scenario, str(tmp_path / "last"))
+    (last,) = list(zygotes.run([dict(base, dir=str(tmp_path / "last"))]))
+    assert last["code"] == 0, zygotes.log_tail()
+    assert os.listdir(scratch_root) == [], f"stale scratch folders not swept: {os.listdir(scratch_root)}"
     print(f"{scenario}: {len(points)} fault points, {len(kill_at)} killed at, "
           f"{len(kill_at) * (len(swap_at) + 2)} arrays checked")
+    return points
+
+
+@pytest.mark.parametrize("sweep_by", ["to_zarr", "cleanup_scratch"])
+def test_killed_to_zarr_leaves_nothing_after_the_next_write_or_a_cleanup(zygotes, tmp_path, sweep_by):
+    """SIGKILL in the middle of to_zarr (after a persist): the next to_zarr onto the path, or
+    jask.cleanup_scratch(), removes its hidden temporary and its scratch folder, and reports them."""
+    folder, scratch_root = str(tmp_path / "k"), str(tmp_path / "scratch")
+    rw.make_inputs("chain", folder)
+    (res,) = zygotes.run([dict(scenario="chain", dir=folder, scratch=scratch_root, fault="after_tile_write:6")])
+    assert res["signal"] == signal.SIGKILL, zygotes.log_tail()
+    out = os.path.join(folder, "out.zarr")
+    tmp = [os.path.join(folder, n) for n in _hidden(folder)]
+    dead = [os.path.join(scratch_root, n) for n in os.listdir(scratch_root)]
+    assert len(tmp) == 1 and ".out.zarr.jask-tmp-" in tmp[0] and not os.path.exists(out)
+    assert len(dead) == 1 and os.path.exists(os.path.join(dead[0], scratch.TARGETS))
+    assert sorted(_leftovers(tmp_path)) == sorted(tmp + dead)
+    if sweep_by == "to_zarr":
+        jask.to_zarr(jask.from_zarr(os.path.join(folder, "a.zarr")) + 1.0, out, overwrite=True)
+        np.testing.assert_array_equal(np.asarray(jask.from_zarr(out)), rw.A + 1)
+        assert _hidden(folder) == []
+        removed = jask.cleanup_scratch(scratch_root)          # the scratch folder is left to it
+        assert removed == dead
+    else:
+        removed = jask.cleanup_scratch(scratch_root)
+        assert sorted(removed) == sorted(tmp + dead)
+        assert jask.cleanup_scratch(scratch_root) == []
+    assert os.listdir(scratch_root) == [] and _hidden(folder) == []
+    np.testing.assert_array_equal(np.asarray(jask.from_zarr(os.path.join(folder, "a.zarr"))), rw.A)
+
+
+def _resumed_write(scenario, d):
+    """The parent's rerun of a resume scenario in folder ``d``; returns (array path, expected value)."""
+    a, b = (jask.from_zarr(os.path.join(d, n)) for n in ("a.zarr", "b.zarr"))
+    if scenario == "resume":
+        jask.to_zarr(a * 2.0 + b, os.path.join(d, "out.zarr"), resume=True)
+        return os.path.join(d, "out.zarr"), 2 * rw.A + rw.B
+    w = jask.from_zarr(os.path.join(d, "w.zarr"), mode="r+")
+    w.update_(w * 3.0 + a, resume=True)
+    return os.path.join(d, "w.zarr"), 3 * rw.W + rw.A
+
+
+@pytest.mark.parametrize("scenario", ["resume", "resume-update"])
+def test_resume_after_sigkill_computes_only_the_missing_tiles(zygotes, tmp_path, scenario):
+    """to_zarr / update_ with resume=True killed after k of 16 tiles: the next one with resume=True
+    computes the other 16 - k, reads and writes only their share, and gives the uninterrupted result."""
+    jask.config.update("tile", rw.RESUME_TILE)
+    rw.make_inputs(scenario, str(tmp_path / "full"))
+    with jask.profile() as full:
+        _resumed_write(scenario, str(tmp_path / "full"))
+    assert full.tiles == 16
+    points = [("after_tile_write", k) for k in (1, 8, 15)] + [("before_commit", 1)]
+    folders = [str(tmp_path / f"k{i}") for i in range(len(points))]
+    for d in folders:
+        rw.make_inputs(scenario, d)
+    results = zygotes.run([dict(scenario=scenario, dir=d, scratch=str(tmp_path / "scratch"), fault=f"{p}:{k}")
+                           for (p, k), d in zip(points, folders)])
+    for (point, k), res, d in zip(points, results, folders):
+        assert res["signal"] == signal.SIGKILL, zygotes.log_tail()
+        assert len(_hidden(d)) == 1 and not os.path.exists(os.path.join(d, "out.zarr"))
+        jask.from_zarr(os.path.join(d, "a.zarr"))            # recovery on a neighbour keeps the partial write
+        assert len(_hidden(d)) == 1
+        done = 16 if point == "before_commit" else k
+        with jask.profile() as prof:
+            path, want = _resumed_write(scenario, d)
+        assert prof.tiles == 16 - done, (point, k)
+        assert prof.bytes_read == full.bytes_read * (16 - done) // 16
+        assert prof.bytes_written == full.bytes_written * (16 - done) // 16
+        np.testing.assert_array_equal(zarr.open_array(path, mode="r")[...], want)
+        gc.collect()
+        assert _hidden(d) == [] and ".jask-chunks" not in os.listdir(path)
+    jask.cleanup_scratch(str(tmp_path / "scratch"))
+
+
+def test_a_write_without_resume_removes_a_resumable_leftover(zygotes, tmp_path):
+    d = str(tmp_path / "k")
+    rw.make_inputs("resume", d)
+    (res,) = zygotes.run([dict(scenario="resume", dir=d, scratch=str(tmp_path / "scratch"),
+                               fault="after_tile_write:5")])
+    assert res["signal"] == signal.SIGKILL and len(_hidden(d)) == 1
+    jask.config.update("tile", rw.RESUME_TILE)
+    a = jask.from_zarr(os.path.join(d, "a.zarr"))
+    with jask.profile() as prof:
+        jask.to_zarr(a * 3.0, os.path.join(d, "out.zarr"))
+    assert prof.tiles == 16 and _hidden(d) == []
+    np.testing.assert_array_equal(zarr.open_array(os.path.join(d, "out.zarr"), mode="r")[...], 3 * rw.A)
+    removed = jask.cleanup_scratch(str(tmp_path / "scratch"))
+    assert len(removed) == 1
+
+
+def test_reused_pid_does_not_keep_leftovers(tmp_path, monkeypatch):
+    """A leftover named after a live pid is still removed when that process started after it was made."""
+    alive = os.getppid()
+    stale = tmp_path / f".x.zarr.jask-tmp-{alive}-abcdef"
+    stale.mkdir()
+    (tmp_path / "x.zarr").mkdir()
+    assert recovery.sweep(str(tmp_path / "x.zarr")) == [] and stale.exists()     # its owner may be writing
+    made = os.lstat(stale).st_mtime
+    monkeypatch.setattr(owners, "process_start", lambda pid: made + owners.REUSE_MARGIN_SECONDS + 1)
+    assert recovery.sweep(str(tmp_path / "x.zarr")) == [str(stale)] and not stale.exists()
+    folder = tmp_path / "root" / f"jask-{alive}-abcd1234"
+    folder.mkdir(parents=True)
+    assert jask.cleanup_scratch(str(tmp_path / "root")) == [str(folder)]
 
 
 def test_fault_armed_through_environment(tmp_path):
@@ -195,6 +336,10 @@ def test_fault_armed_through_environment(tmp_path):
             assert proc.returncode == -signal.SIGKILL, err[-2000:]
         np.testing.assert_array_equal(_read_back(w), new if spec == "after_swap:1" else old)
         assert _hidden(folder) == []
+    killed = [os.path.join(tmp_path, "scratch", n) for n in os.listdir(tmp_path / "scratch")]
+    assert len(killed) <= 1, killed      # the killed one's, unless the other process swept it meanwhile
+    assert jask.cleanup_scratch(str(tmp_path / "scratch")) == killed
+    assert os.listdir(tmp_path / "scratch") == []
 
 
 # ---------------------------------------------------------------- the hook itself
@@ -350,13 +495,15 @@ def _damaged(tmp_path, layout, damage):
         f.unlink()
     elif damage == "truncated":
         f.write_bytes(raw[:len(raw) // 2])
+    elif damage == "tail_cut":                # a shard's index (at its end) cut short by 8 bytes
+        f.write_bytes(raw[:-8])
     else:
         f.write_bytes(np.random.default_rng(0).bytes(len(raw)))
     return p, data
 
 
 @pytest.mark.parametrize("layout", LAYOUTS)
-@pytest.mark.parametrize("damage", ["missing", "truncated", "garbage"])
+@pytest.mark.parametrize("damage", ["missing", "truncated", "tail_cut", "garbage"])
 def test_damaged_chunk_is_named(small_tiles, tmp_path, layout, damage):
     """Missing, truncated or (where detectable) garbled chunks raise errors naming the chunk key and store."""
     p, data = _damaged(tmp_path, layout, damage)

@@ -87,6 +87,30 @@ def test_from_zarr_v2_array(small_tiles, tmp_path):
     np.testing.assert_array_equal(np.asarray(jask.from_zarr(p)), data)
 
 
+@pytest.mark.parametrize("layout", ["odd_chunks", "shards_index_first"])
+def test_update_of_a_store_written_by_zarr_keeps_its_layout(small_tiles, tmp_path, layout):
+    """A store another tool wrote, with chunks unlike jask's tiles: update_ writes the new value in its layout."""
+    from zarr.codecs import BytesCodec, ShardingCodec
+    data = _rand((16, 12), 7)
+    p = tmp_path / f"{layout}.zarr"
+    if layout == "odd_chunks":
+        zarr.create_array(p, shape=data.shape, dtype=data.dtype, chunks=(5, 7))[:] = data
+    else:
+        zarr.create_array(p, shape=data.shape, dtype=data.dtype, chunks=(8, 12), compressors=None,
+                          serializer=ShardingCodec(chunk_shape=(4, 4), codecs=[BytesCodec()],
+                                                   index_location="start"))[:] = data
+    before = zarr.open_array(p, mode="r")
+    x = jask.from_zarr(p, mode="r+")
+    x.update_(x * 2.0 + 1.0)
+    after = zarr.open_array(p, mode="r")
+    np.testing.assert_array_equal(after[...], 2 * data + 1)
+    np.testing.assert_array_equal(np.asarray(x), 2 * data + 1)
+    assert (after.chunks, after.shards) == (before.chunks, before.shards)
+    del x
+    gc.collect()
+    assert [n for n in os.listdir(tmp_path) if ".jask-" in n] == []
+
+
 def test_from_zarr_does_not_copy(small_tiles, tmp_path):
     data = _rand((5, 7), 6)
     p = tmp_path / "src.zarr"
@@ -340,7 +364,7 @@ def test_cleanup_scratch_removes_only_dead_process_folders(tmp_path):
         d.mkdir(parents=True)
         (d / "x.zarr").mkdir()
     removed = jask.cleanup_scratch(str(root))
-    assert removed == [dead.name]
+    assert removed == [str(dead)]
     assert not dead.exists()
     for d in (mine, parent, other, unrelated):
         assert d.exists(), d

@@ -13,7 +13,8 @@ import zarr
 
 import jask
 from jask.io.prefetch import Prefetcher
-from jask.io.reader import (BufferPool, MissingChunkError, TileKey, TileReadError, TileReader, aligned_empty)
+from jask.io.buffers import BufferPool, aligned_empty
+from jask.io.reader import MissingChunkError, TileKey, TileReadError, TileReader
 from jask.io.store import PendingStore, open_existing
 from jask.io.writer import ShardWriter, TileWriteError, WriteBehind
 from jask.api.observe import profile
@@ -117,6 +118,43 @@ def test_aligned_buffers_and_pool_reuse_only_free_buffers():
     assert pool.reused == 1
     del view, second
     assert pool.reused == 1 and pool.allocated == 2
+
+
+def test_pool_follows_the_running_shape_and_trims_what_it_keeps():
+    """A new shape drops the free buffers of the others; ``trim`` keeps at most the bytes asked for."""
+    pool = BufferPool(keep=4)
+    a, b = pool.get((4, 4), np.float32), pool.get((4, 4), np.float32)
+    held = pool.get((4, 4), np.float32)
+    del a, b
+    c = pool.get((8, 8), np.float32)              # the two free (4, 4) buffers go; ``held`` stays
+    assert [x.shape for x in pool._free[(4, 4), np.dtype(np.float32)]] == [(4, 4)]
+    d = pool.get((8, 8), np.float32)
+    del c, d
+    pool.trim(8 * 8 * 4)                          # room for one free (8, 8) buffer
+    kept = pool._free[(8, 8), np.dtype(np.float32)]
+    assert len(kept) == 1
+    again = pool.get((8, 8), np.float32)
+    assert again is kept[0] and pool.reused == 1
+    assert pool._free[(4, 4), np.dtype(np.float32)][0] is held   # in use: never dropped
+
+
+def test_prefetcher_leaves_buffers_for_the_next_pass(tmp_path):
+    """With ``retain_bytes`` the next pass over the same tiles allocates no read buffer."""
+    a = _data((32, 48))
+    store = _write(tmp_path / "a.zarr", a, **_layout("chunk"))
+    regions = _regions(a.shape, (8, 8))
+    reqs = lambda: [(TileKey(0, idx), (store, reg)) for idx, reg in enumerate(regions)]
+    for retain, second_pass in ((1 << 20, 0), (0, None)):
+        with Prefetcher(reqs(), depth=2, retain_bytes=retain) as p:
+            sums = [float(block.sum()) for _, block in p]
+        assert len(sums) == len(regions)
+        with Prefetcher(reqs(), depth=2) as q:
+            got = [block.copy() for _, block in q]
+        np.testing.assert_array_equal(got[-1], a[regions[-1]])
+        if second_pass is not None:
+            assert q.buffers_allocated == second_pass
+        else:
+            assert q.buffers_allocated >= 1
 
 
 def test_foreign_store_missing_chunk_reads_fill_value(tmp_path):
@@ -257,7 +295,7 @@ def test_prefetcher_reads_stores_and_reports_counts(tmp_path):
             np.testing.assert_array_equal(block, a[reg])
     assert sum(c["bytes_read"] for c in counted) == a.nbytes
     assert len(counted) == len(regions) and p.max_held <= 2
-    assert p.pool.allocated <= 2 * 2 + 2         # buffers are recycled, not one per tile (24 here)
+    assert p.buffers_allocated <= 2 * 2 + 2      # buffers are recycled, not one per tile (24 here)
 
 
 @pytest.mark.parametrize("layout", ["chunk", "shard", "zstd", "zstd-shard"])

@@ -171,6 +171,23 @@ def test_classify_and_refusals():
     assert legality.max_tile_edge("tpu", [f32], 2) == 512
 
 
+def test_refusals_found_compiling_on_a_tpu():
+    """What Mosaic refused on a TPU v5e although jax.export lowered it is refused up front there only."""
+    import jax.numpy as jnp
+    from jask.ops.elementwise import Elementwise
+    f32, f16 = np.dtype(np.float32), np.dtype(np.float16)
+    expm1 = Elementwise(jnp.expm1, shapes=[(8, 128)], dtypes=[f32], name="expm1")
+    spec = _spec([(8, 128)], f32, (1,), 1, 1, (8, 128))
+    with pytest.raises(WindowNotLegal, match="no tpu lowering for expm1"):
+        legality.plan(expm1, spec, f32, "tpu")
+    assert legality.plan(expm1, spec, f32, "gpu").kind == "pointwise"
+    half = _spec([(8, 128)] * 2, f16, (1, 1), 1, 1, (8, 128))
+    with pytest.raises(WindowNotLegal, match="float16 vectors"):
+        legality.plan(Add(), half, f16, "tpu")
+    assert legality.plan(Add(), _spec([(8, 128)] * 2, jnp.bfloat16, (1, 1), 1, 1, (8, 128)),
+                         np.dtype(jnp.bfloat16), "tpu").kind == "pointwise"
+
+
 # ---------------------------------------------------------------- the lowering gate
 
 def test_gate_covers_the_ops_table():

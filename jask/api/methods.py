@@ -39,14 +39,15 @@ def _array(self, dtype=None, copy=None):
     return out if dtype is None else out.astype(dtype)
 
 
-def _to_zarr(self, path, overwrite: bool = False, chunks=None, compressors=None, shards=None) -> None:
+def _to_zarr(self, path, overwrite: bool = False, chunks=None, compressors=None, shards=None,
+             resume: bool = False) -> None:
     """Write this array to a new Zarr v3 store at ``path`` (atomic: complete or absent)."""
-    to_zarr(self, path, overwrite=overwrite, chunks=chunks, compressors=compressors, shards=shards)
+    to_zarr(self, path, overwrite=overwrite, chunks=chunks, compressors=compressors, shards=shards, resume=resume)
 
 
-def _update(self, new_value) -> DiskArray:
+def _update(self, new_value, resume: bool = False) -> DiskArray:
     """Overwrite this array with ``new_value`` (same shape and dtype), atomically."""
-    update_(self, new_value)
+    update_(self, new_value, resume=resume)
     return self
 
 

@@ -1,17 +1,23 @@
 """Sinks: the calls that make the lazy graph run (materialize, to_zarr, update_, persist)."""
 from __future__ import annotations
 
-import os
+import math
 
 import jax
 import numpy as np
 
+from jask.api.errors import OverBudgetError
+from jask.config import config
 from jask.exec.driver import run
+from jask.exec.progress import fmt_bytes
 from jask.exec.sinks import MemorySink, PathSink, ScratchSink
 from jask.graph.nodes import StoredNode
 from jask.hijax import compat, runtime
 from jask.hijax.array import DiskArray, is_disk_array, type_of
 from jask.hijax.sinks import MaterializePrimitive, PersistPrimitive
+from jask.io.destinations import check_destination
+from jask.io.remote import exists, resolve
+from jask.io.urls import Location
 
 
 def _require(name, x):
@@ -29,40 +35,64 @@ def to_numpy(x: DiskArray) -> np.ndarray:
     return np.asarray(out)
 
 
-def materialize(x) -> jax.Array:
+def materialize(x, allow_over_budget: bool = False) -> jax.Array:
     """Compute a DiskArray into one in-memory ``jax.Array``.
 
     The only call that builds a whole array in memory, so use it for results
-    that fit. Works eagerly and under ``jit``.
+    that fit. Works eagerly and under ``jit``. An array larger than the memory
+    budget raises :class:`~jask.api.errors.OverBudgetError` before anything is
+    computed, unless ``allow_over_budget=True`` says that is meant.
     """
     _require("materialize", x)
+    nbytes = math.prod(x.shape) * np.dtype(x.dtype).itemsize
+    if nbytes > config.memory_budget and not allow_over_budget:
+        raise OverBudgetError(
+            f"materialize: the {np.dtype(x.dtype)} array of shape {tuple(x.shape)} takes {fmt_bytes(nbytes)}, "
+            f"more than the memory budget of {fmt_bytes(config.memory_budget)}; pass "
+            "materialize(x, allow_over_budget=True) to build it in memory anyway, raise the budget with "
+            "jask.set_memory_budget(...), or keep it on disk (jask.to_zarr, or reduce it first)",
+            nbytes, config.memory_budget)
     if not compat.is_traced(x):
         runtime.safe_point()
     return MaterializePrimitive(type_of(x))(x)
 
 
-def to_zarr(x, path, overwrite: bool = False, chunks=None, compressors=None, shards=None) -> None:
-    """Write ``x`` to a Zarr v3 array at ``path``; it appears only once complete.
+def to_zarr(x, path, overwrite: bool = False, chunks=None, compressors=None, shards=None,
+            storage_options=None, resume: bool = False) -> None:
+    """Write ``x`` to a Zarr v3 array at ``path`` (a folder or a store URL); it appears only once complete.
 
     An existing ``path`` is refused unless ``overwrite=True``, in which case the
     old array stays readable until the new one is complete, and arrays already
-    open on it keep their old values. ``shards`` writes the sharded layout (a
-    shard file per ``shards`` block of ``chunks``-sized tiles), the fastest to
-    stream.
+    open on it keep their old values. Only a Zarr array is ever replaced: a file
+    or another folder at ``path`` is refused before anything is computed.
+    ``shards`` writes the sharded layout (a shard file per ``shards`` block of
+    ``chunks``-sized tiles), the fastest to stream. On an object store
+    (``s3://``, ``gs://``, ``memory://``) the array is a version committed by one
+    pointer object (``jask/io/DESIGN.md``); ``storage_options`` go to
+    s3fs/gcsfs (credentials, ``endpoint_url``).
+
+    ``resume=True`` makes a killed write to a local folder resumable: it records
+    each chunk as it lands, and a later ``to_zarr`` of the same array to the
+    same path with ``resume=True`` continues it, computing only the tiles not
+    yet on disk (uncompressed, unsharded arrays; otherwise it starts afresh). A
+    write without it removes what a killed one left.
     """
     _require("to_zarr", x)
     if compat.is_traced(x):
         raise TypeError("to_zarr cannot run inside jit; return the DiskArray and write it afterwards")
-    path = os.path.abspath(os.fspath(path))
-    if os.path.exists(path) and not overwrite:
-        raise FileExistsError(f"to_zarr: {path} already exists; pass overwrite=True to replace it")
+    where = resolve(path, storage_options, "to_zarr")
+    if not isinstance(where, Location):
+        check_destination(where, overwrite)
+    elif exists(where, storage_options) and not overwrite:
+        raise FileExistsError(f"to_zarr: {where} already exists; pass overwrite=True to replace it")
     if chunks is not None:
         chunks = tuple(int(c) for c in chunks)
         if len(chunks) != x.ndim or any(c < 1 for c in chunks):
             raise ValueError(f"to_zarr: chunks {chunks} do not fit an array of shape {x.shape}")
     runtime.safe_point()
     run([x._node], lambda node, tile: PathSink(
-        node, tile, path, overwrite=overwrite, chunks=chunks, compressors=compressors, shards=shards))
+        node, tile, where, overwrite=overwrite, chunks=chunks, compressors=compressors, shards=shards,
+        storage_options=storage_options, resume=resume))
 
 
 def rechunk(x, chunks, shards=None) -> DiskArray:
@@ -83,15 +113,19 @@ def rechunk(x, chunks, shards=None) -> DiskArray:
     return DiskArray(node=stored)
 
 
-def update_(target: DiskArray, new_value) -> None:
+def update_(target: DiskArray, new_value, resume: bool = False) -> None:
     """Replace ``target``'s contents with ``new_value``, keeping its type (so ``jit`` does not retrace).
 
     The new value is computed completely before anything is replaced. For a
     user store opened with ``mode="r+"`` the folder is swapped atomically: a
     crash leaves the old or the new array, never a mix, and a disk-full or I/O
-    error leaves the old one (the ``OSError`` names the array and path).
+    error leaves the old one (the ``OSError`` names the array and path). On an
+    object store the new version is committed by replacing one pointer object.
     Arrays open on the old value, here or in other processes, keep reading
-    the old value; lazy arrays computed from it too.
+    the old value; lazy arrays computed from it too. (On an object store, only
+    in this process: elsewhere a read of the deleted old version raises
+    ``MissingChunkError`` naming it, never a mix.) ``resume=True`` on a local
+    user store works as in :func:`to_zarr`: a killed update continues where it stopped.
     """
     if not isinstance(target, DiskArray) or target._node is None:
         raise TypeError("update_ must be called eagerly on a DiskArray (not inside jit)")
@@ -110,7 +144,8 @@ def update_(target: DiskArray, new_value) -> None:
         old_store = old.store
         (store,) = run([new_value._node], lambda node, tile: PathSink(
             node, tile, old_store.path, overwrite=True, writable=True, chunks=old_store.chunks,
-            shards=old_store.shards))
+            shards=old_store.shards, storage_options=getattr(old_store, "storage_options", None),
+            resume=resume))
         target._node = StoredNode(store)
         return
     # Stored values are immutable, so the target may share the new value's storage.

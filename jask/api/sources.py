@@ -11,7 +11,7 @@ from jask.graph.nodes import StoredNode
 from jask.graph.tiling import block_shape
 from jask.hijax.array import DiskArray
 from jask.io import dtypes
-from jask.io.store import open_existing
+from jask.io.remote import open_store
 from jask.plan.tiling import default_tile
 
 SUPPORTED_KINDS = "fiub"
@@ -59,16 +59,22 @@ def from_numpy(arr, chunks=None) -> DiskArray:
     return DiskArray(node=store_numpy(a, chunks, dtype=dtype))
 
 
-def from_zarr(path_or_array, mode: str = "r") -> DiskArray:
+def from_zarr(path_or_array, mode: str = "r", storage_options=None) -> DiskArray:
     """Open an existing Zarr array without copying it.
 
     Parameters
     ----------
     path_or_array : str, path or zarr.Array
-        A local Zarr array folder, or an opened ``zarr.Array`` on a local store.
+        A local Zarr array folder, a store URL (``s3://bucket/x.zarr``,
+        ``gs://...``, ``memory://...``, ``file:///...``), or an opened
+        ``zarr.Array`` on a local store. Local folders are read directly;
+        URLs through zarr's fsspec store, at the version current when opened.
     mode : {"r", "r+"}
         ``"r+"`` allows :meth:`DiskArray.update_` to replace its contents.
         Zarr v2 arrays are read, but ``"r+"`` is refused for them: jask writes v3 only.
+    storage_options : dict, optional
+        For URLs: passed to s3fs/gcsfs as they take them (``key``, ``secret``,
+        ``endpoint_url``, ``client_kwargs``, ...).
 
     A ``uint16`` array whose ``attributes["jask"]["dtype"]`` is ``"bfloat16"``
     opens as bfloat16 (how jask stores bfloat16; see :mod:`jask.io.dtypes`).
@@ -78,10 +84,12 @@ def from_zarr(path_or_array, mode: str = "r") -> DiskArray:
         store = getattr(path_or_array, "store", None)
         root = getattr(store, "root", None)
         if root is None:
-            raise TypeError(f"from_zarr expects a path or a zarr.Array on a local store, "
-                            f"got {type(path_or_array).__name__}")
+            on = f" on a {type(store).__name__}" if store is not None else ""
+            raise TypeError(f"from_zarr expects a path or a zarr.Array on a local store, got a "
+                            f"{type(path_or_array).__name__}{on}; for a store in a bucket pass its URL "
+                            "(and storage_options=...)")
         path = os.path.join(str(root), getattr(path_or_array, "path", "") or "")
-    store = open_existing(os.fspath(path), mode)
+    store = open_store(path, mode, storage_options)
     check_array_facts(f"from_zarr({store.path!r})", store.shape, store.dtype)
     if mode == "r+" and getattr(store.array.metadata, "zarr_format", 3) != 3:
         raise ValueError(f"from_zarr: {store.path} is a Zarr v2 array; jask reads v2 but writes only v3, "

@@ -5,6 +5,7 @@
     python -m jask.bench --workload=dot --n=4096,8192 --cache=warm
     python -m jask.bench --workload=sum,dot --devices=1,2,4     # jask on 1, 2 and 4 local devices
     python -m jask.bench --workload=sum --processes=1,2         # and as 2 jax.distributed processes
+    python -m jask.bench --store=s3 --remote_mib=256   # sum from a loopback S3 bucket vs raw GET
 
 Workloads (one module each in :mod:`jask.bench.workloads`): ``sum``,
 ``elementwise`` ((a - b) * c + a to a new array), ``dot`` (n x n), ``grad``
@@ -35,7 +36,7 @@ import time
 from absl import app, flags
 
 from jask import kernels
-from jask.bench import data, harness, peers, report, workloads
+from jask.bench import data, harness, peers, remote, report, workloads
 
 FLAGS = flags.FLAGS
 flags.DEFINE_list("workload", list(workloads.NAMES), "Workloads to run: " + ", ".join(workloads.NAMES))
@@ -71,7 +72,12 @@ flags.DEFINE_list("devices", ["1"], "jask runs once per count of local devices a
                   "machine the child process gets that many forced host devices.")
 flags.DEFINE_list("processes", ["1"], "jask also runs as this many processes of a jax.distributed run on "
                   "loopback (CPU collectives), e.g. 1,2,4 (reported as jask-2proc, ...; process 0's figures).")
+flags.DEFINE_enum("durability", "process", ["process", "power"], "jask.config durability in every system's "
+                  "subprocess (JASK_DURABILITY): 'power' fsyncs each committed store (to_zarr, update_).")
 flags.DEFINE_float("rtol", 2e-3, "Relative tolerance for results agreeing between systems.")
+flags.DEFINE_enum("store", "local", ["local", "s3"], "local: the suite on local stores. s3: the remote-store "
+                  "case instead (jask.bench.remote): sum of an array in a bucket on a loopback S3 server "
+                  "against the server's raw GET rate, --remote_mib in size.")
 
 QUICK_BUDGET = "16MB"
 
@@ -243,7 +249,7 @@ def _run_settings(suite: Suite):
     repeat = 1 if FLAGS.quick else FLAGS.repeat
     warmup = 0 if FLAGS.quick else FLAGS.warmup
     suite.meta.update(data_dir=data_dir, data_fs=fstype, layout=FLAGS.layout, isolate=isolate, repeat=repeat,
-                      warmup=warmup, time_cap=FLAGS.time_cap, backend=FLAGS.backend,
+                      warmup=warmup, time_cap=FLAGS.time_cap, backend=FLAGS.backend, durability=FLAGS.durability,
                       jask_variants=_jask_variants())
     return data_dir, fstype, on_ram, isolate, repeat, warmup
 
@@ -327,6 +333,9 @@ def main(argv):
         raise app.UsageError(f"unexpected arguments: {argv[1:]}")
     out_dir = os.path.abspath(FLAGS.out)
     budget = QUICK_BUDGET if FLAGS.quick and FLAGS.budget == "256MB" else FLAGS.budget
+    if FLAGS.store == "s3":
+        print(remote.report(remote.run(out_dir, budget)), flush=True)
+        return 0
     suite = Suite(out_dir, budget)
     t0 = time.perf_counter()
     if FLAGS.report_only:
@@ -336,6 +345,7 @@ def main(argv):
     else:
         print(f"jask.bench: {suite.meta['cores']} cores, {suite.meta['cpu']}; budget {budget}; out {out_dir}",
               flush=True)
+        os.environ["JASK_DURABILITY"] = FLAGS.durability    # read by jask.config in each subprocess
         run_suite(suite)
     with open(os.path.join(out_dir, "results.md"), "w") as f:
         f.write(report.markdown(suite))

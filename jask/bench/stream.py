@@ -224,7 +224,8 @@ def bench_readers(layout, root):
 
     from jask.plan.tiling import default_tile
     from jask.io.prefetch import Prefetcher
-    from jask.io.reader import TileReader, aligned_empty
+    from jask.io.buffers import aligned_empty
+    from jask.io.reader import TileReader
     from jask.io.store import open_existing
     import jask
     jask.set_memory_budget(FLAGS.budget)

@@ -38,6 +38,10 @@ PREFETCH_DEPTH = 2         # input tiles read ahead of the kernel (counted in SL
 
 WRITE_DEPTH = 2            # output tiles queued behind the computation (counted in SLOTS_FIXED)
 
+# Read buffers kept between passes, as a share of the budget (1/4): the next pass over the same tiles
+# reuses them instead of faulting in fresh pages (see jask.io.reader.BufferPool).
+RETAINED_READ_BUFFERS_SHARE = 4
+
 
 class Executor:
     """Runs one plan: each stage window by window (:mod:`jask.exec.schedule`), writing finished tiles.
@@ -93,6 +97,9 @@ class Executor:
             algo.check_complete()
             return
         indices = list(itertools.product(*map(range, grid(nodes[0].shape, self.tile))))
+        if all(getattr(s, "done", None) is not None for s in sinks):   # resuming: skip tiles on disk
+            indices = [i for i in indices
+                       if not all(s.done(region(i, n.shape, self.tile)) for n, s in zip(nodes, sinks))]
         names = " + ".join(self.plan.prepared[id(n)].name for n in nodes)
         writer_of = {}
         with contextlib.ExitStack() as stack:
@@ -130,7 +137,8 @@ class Executor:
             dev = reading_for[0]
             count(**counts, bytes_by_device={dev: counts.get("bytes_read", 0)}, tiles_by_device={dev: 1})
 
-        with Prefetcher(requests, depth=depth, count=count_read, place=place) as stream:
+        with Prefetcher(requests, depth=depth, count=count_read, place=place,
+                        retain_bytes=config.memory_budget // RETAINED_READ_BUFFERS_SHARE) as stream:
             def take(key):
                 got, block = next(stream)
                 if got != key:

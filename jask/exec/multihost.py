@@ -37,7 +37,7 @@ from jask.exec.schedule import cuts_a_tile
 from jask.graph.nodes import OpNode, StoredNode
 from jask.graph.tiling import block_at, block_shape, grid, region
 from jask.io import dtypes, faults
-from jask.io.store import open_existing
+from jask.io.remote import open_store
 from jask.io.writer import make_chunk_writer
 
 PATH_BYTES = 4096     # longest staging path process 0 can hand the others
@@ -136,9 +136,11 @@ def _next_key() -> str:
 
 
 def _one_tile_chunks(sink, node, tile) -> bool:
-    """Whether ``sink`` writes chunk files of one tile each (each written by one process)."""
+    """Whether ``sink`` writes a local folder in chunk files of one tile each (each written by one
+    process; a store URL, a shard or a chunk of several tiles is not shared)."""
+    from jask.io.store import PendingStore
     pending = getattr(sink, "pending", None)
-    return (pending is not None and pending.array.shards is None
+    return (isinstance(pending, PendingStore) and pending.array.shards is None
             and tuple(pending.array.chunks) == block_shape(node.shape, tile))
 
 
@@ -193,11 +195,12 @@ class SharedPathSink:
         self.index, _ = processes()
         self.counts_io = shared or self.index == 0     # bytes this process writes
         self.writer = self.array = None
-        path = _collective(f"share the staging folder of {sink.pending.final_path}", _broadcast_text,
-                           sink.pending.tmp_path if self.index == 0 else "")
         if self.index != 0:
             sink.pending.abort()            # its own staging folder is not used
-            if shared:
+        if shared:
+            path = _collective(f"share the staging folder of {sink.pending.final_path}", _broadcast_text,
+                               sink.pending.tmp_path if self.index == 0 else "")
+            if self.index != 0:
                 import zarr
                 self.array = zarr.open_array(path, mode="r+")
                 self.writer = make_chunk_writer(self.array, path)
@@ -221,8 +224,9 @@ class SharedPathSink:
         barrier(f"jask-written-{self.key}", f"finish writing {path} (it keeps its old version)")
         out = self.sink.finish() if self.index == 0 else None
         barrier(f"jask-committed-{self.key}", f"confirm the commit of {path}")
-        if out is None:
-            out = open_existing(self.sink.pending.final_path, "r+" if self.sink.writable else "r")
+        if out is None:   # a local folder or a store URL (remote pending stores name it final_path too)
+            out = open_store(self.sink.pending.final_path, "r+" if self.sink.writable else "r",
+                             getattr(self.sink.pending, "storage_options", None))
         if self.adopt is None:
             return out
         # a shared scratch stage: pinned in every process before any may let go (the last one deletes it)

@@ -7,7 +7,7 @@ from jask.exec.events import count
 from jask.graph.nodes import OpNode, StoredNode
 from jask.graph.tiling import block_shape
 from jask.io import scratch
-from jask.io.store import PendingStore
+from jask.io.remote import new_pending
 
 
 class ScratchSink:
@@ -21,8 +21,9 @@ class ScratchSink:
 
     def __init__(self, node: OpNode, tile: int, chunks=None, shards=None, adopt: bool = True):
         self.node, self.adopt = node, adopt
-        self.pending = PendingStore(scratch.new_path(), node.shape, node.dtype,
-                                    chunks or block_shape(node.shape, tile), shards=shards)
+        self.pending = new_pending(scratch.new_path(), node.shape, node.dtype,
+                                   chunks or block_shape(node.shape, tile), shards=shards,
+                                   storage_options=scratch.storage_options(), what="scratch")
 
     def write(self, reg, tile):
         self.pending.write(reg, tile)
@@ -39,15 +40,18 @@ class ScratchSink:
 
 
 class PathSink:
-    """Writes a node to a user path, committed atomically (optionally replacing what is there)."""
+    """Writes a node to a user path or store URL, committed atomically (optionally replacing what is there)."""
 
     counts_io = True
 
     def __init__(self, node, tile, path, overwrite=False, writable=False, chunks=None, compressors=None,
-                 shards=None):
+                 shards=None, storage_options=None, resume=False):
         self.overwrite, self.writable = overwrite, writable
-        self.pending = PendingStore(path, node.shape, node.dtype, chunks or block_shape(node.shape, tile),
-                                    compressors=compressors, shards=shards)
+        self.pending = new_pending(path, node.shape, node.dtype, chunks or block_shape(node.shape, tile),
+                                   compressors=compressors, shards=shards, storage_options=storage_options,
+                                   resume=resume)
+        # resume=True: the executor skips tiles a killed earlier write already put on disk
+        self.done = self.pending.done if resume else None
 
     def write(self, reg, tile):
         self.pending.write(reg, tile)
@@ -81,7 +85,8 @@ class MemorySink:
 def store_numpy(a: np.ndarray, chunks, tag: str = "input", dtype=None) -> StoredNode:
     """Copy an in-memory array into a new scratch store, chunk by chunk (cast to ``dtype`` if given)."""
     dtype = a.dtype if dtype is None else np.dtype(dtype)
-    pending = PendingStore(scratch.new_path(tag), a.shape, dtype, chunks)
+    pending = new_pending(scratch.new_path(tag), a.shape, dtype, chunks,
+                          storage_options=scratch.storage_options(), what="scratch")
     try:
         for idx in np.ndindex(*[-(-d // c) for d, c in zip(a.shape, chunks)]):
             reg = tuple(slice(i * c, min((i + 1) * c, d)) for i, c, d in zip(idx, chunks, a.shape))

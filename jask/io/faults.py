@@ -11,6 +11,11 @@ final path; the tile points also get ``region``):
     the hidden ``-tmp-`` folder exists with its metadata, no chunk yet.
 ``before_tile_write`` / ``after_tile_write``
     around each tile written into a pending store (write-behind thread).
+``before_fsync``
+    durability ``"power"`` only (:mod:`jask.io.durable`): before each fsync,
+    ``target`` naming the file or folder: every file of the new folder, then
+    its folders deepest first (before ``before_commit``), and the parent folder
+    once the new array is in place (after ``after_swap``/``after_retire``).
 ``before_commit``
     every chunk is on disk (the writer has finished); nothing renamed yet.
 ``after_new_ready``, ``after_old_aside``
@@ -52,7 +57,7 @@ import os
 import signal
 import threading
 
-POINTS = ("after_create", "before_tile_write", "after_tile_write", "before_commit", "after_new_ready",
+POINTS = ("after_create", "before_tile_write", "after_tile_write", "before_fsync", "before_commit", "after_new_ready",
           "after_old_aside", "after_swap", "after_retire", "after_commit", "before_tile_read")
 
 hook = None  # None (unarmed), or a callable (point: str, info: dict)

@@ -69,3 +69,12 @@ def covering(region, chunk):
         return
     for coords in np.ndindex(*[len(r) for r in ranges]):
         yield tuple(r[i] for r, i in zip(ranges, coords))
+
+
+def check_shards(shape, chunks, shards) -> None:
+    """Refuse a shard shape that does not hold a whole number of chunks per axis."""
+    if len(shards) != len(shape) or any(s < 1 for s in shards):
+        raise ValueError(f"shards {tuple(shards)} do not fit an array of shape {tuple(shape)}")
+    if any(s % c for s, c in zip(shards, chunks)):
+        raise ValueError(f"shards {tuple(shards)} must be whole multiples of chunks {tuple(chunks)} "
+                         "along every axis")

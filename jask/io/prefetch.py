@@ -12,8 +12,8 @@ import threading
 import time
 
 from jask.io.layout import describe_region
-from jask.io.reader import (BufferPool, CorruptChunkError, MissingChunkError, TileKey, TileReadError,
-                            reader_for)
+from jask.io.buffers import shared_pool
+from jask.io.reader import CorruptChunkError, MissingChunkError, TileKey, TileReadError, reader_for
 
 
 class Prefetcher:
@@ -35,6 +35,9 @@ class Prefetcher:
         Reader threads (default ``min(depth, 2)``).
     place : callable, optional
         Applied to each value on the reader thread, e.g. ``jax.device_put``.
+    retain_bytes : int, optional
+        Free read buffers left in the process's shared pool when the prefetcher
+        closes, for the next pass to reuse (default 0: all dropped).
     count : callable, optional
         Called on the consumer's thread as ``count(bytes_read=..., io_seconds=...,
         io_wait_seconds=...)`` for each value taken, e.g. ``executor._count``.
@@ -45,7 +48,8 @@ class Prefetcher:
     the consumer leaves early.
     """
 
-    def __init__(self, requests, depth: int = 2, threads: int | None = None, place=None, count=None):
+    def __init__(self, requests, depth: int = 2, threads: int | None = None, place=None, count=None,
+                 retain_bytes: int = 0):
         if int(depth) < 1:
             raise ValueError(f"Prefetcher depth must be at least 1, got {depth!r}")
         self.depth = int(depth)
@@ -55,7 +59,10 @@ class Prefetcher:
         self.held = 0
         self.reads = 0
         self.wait_seconds = 0.0
-        self.pool = BufferPool(keep=2 * self.depth + 2)
+        self.pool = shared_pool
+        self.keep = 2 * self.depth + 2
+        self.retain_bytes = int(retain_bytes)
+        self._allocated_before = shared_pool.allocated
         self._requests = iter(requests)
         self._cv = threading.Condition()
         self._slots = threading.Semaphore(self.depth)
@@ -118,7 +125,7 @@ class Prefetcher:
             return read()
         store, region = read
         reader = reader_for(store)
-        out = self.pool.get(tuple(s.stop - s.start for s in region), reader.dtype)
+        out = self.pool.get(tuple(s.stop - s.start for s in region), reader.dtype, keep=self.keep)
         return reader.read(region, out=out)
 
     # ------------------------------------------------------------ consumer
@@ -161,7 +168,13 @@ class Prefetcher:
         with self._cv:
             self._results.clear()
             self.held = 0
-        self.pool.clear()
+        self.pool.trim(self.retain_bytes)
+
+    @property
+    def buffers_allocated(self) -> int:
+        """Read buffers allocated since this prefetcher started (the pool is shared: approximate if
+        another pass reads at the same time)."""
+        return self.pool.allocated - self._allocated_before
 
     @property
     def alive_threads(self) -> int:

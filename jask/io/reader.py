@@ -27,7 +27,6 @@ from __future__ import annotations
 
 import math
 import os
-import sys
 import threading
 import weakref
 from collections import OrderedDict
@@ -36,6 +35,7 @@ from typing import NamedTuple
 import numpy as np
 
 from jask.io import dtypes, faults
+from jask.io.buffers import aligned_empty
 from jask.io.layout import MAX_UINT64, ChunkLayout, covering, describe_region
 from jask.io.pins import folder_deleted
 
@@ -70,65 +70,20 @@ class TileKey(NamedTuple):
     tile: tuple
 
 
-# ---------------------------------------------------------------- layout
+# ---------------------------------------------------------------- reads
 
-ALIGNMENT = 4096
-
-
-def aligned_empty(shape, dtype, alignment: int = ALIGNMENT) -> np.ndarray:
-    """An uninitialised C-order array whose data starts on an ``alignment``-byte boundary.
-
-    NumPy places large arrays 16 bytes past a page boundary. XLA on CPU takes
-    an input buffer without copying only when it is 64-byte aligned, so tiles
-    read into aligned buffers reach the kernel with no copy at all.
-    """
-    dtype = np.dtype(dtype)
-    nbytes = math.prod(shape) * dtype.itemsize
-    raw = np.empty(nbytes + alignment, np.uint8)
-    start = -raw.ctypes.data % alignment
-    return raw[start:start + nbytes].view(dtype).reshape(shape)
-
-
-class BufferPool:
-    """Aligned read buffers, handed out again once nothing but the pool refers to them.
-
-    A fresh 16 MiB buffer costs thousands of page faults and the kernel zeroing
-    every page, which halves read throughput from a warm page cache. A buffer
-    is reused only when Python holds no other reference to it or to its memory
-    (every NumPy view and every zero-copy JAX array keeps one), so a tile still
-    in use is never overwritten. At most ``keep`` buffers of each shape are kept.
-    """
-
-    def __init__(self, keep: int = 4):
-        self.keep = keep
-        self.allocated = 0
-        self.reused = 0
-        self._free: dict[tuple, list[np.ndarray]] = {}
-        self._lock = threading.Lock()
-
-    def get(self, shape, dtype) -> np.ndarray:
-        key = (tuple(shape), np.dtype(dtype))  # not .str: bfloat16's is '<V2', a different dtype
-        with self._lock:
-            bufs = self._free.setdefault(key, [])
-            for i in range(len(bufs)):
-                # Free when held only by the list, ``b`` and getrefcount's argument, and its
-                # memory's owner only by ``b.base`` and the argument.
-                b = bufs[i]
-                if sys.getrefcount(b) == 3 and sys.getrefcount(b.base) == 2:
-                    self.reused += 1
-                    bufs.append(bufs.pop(i))
-                    return b
-                del b
-            buf = aligned_empty(key[0], key[1])
-            self.allocated += 1
-            bufs.append(buf)
-            if len(bufs) > self.keep:
-                bufs.pop(0)
-            return buf
-
-    def clear(self) -> None:
-        with self._lock:
-            self._free.clear()
+def prepare_read(region, out, dtype, path):
+    """``region`` as a tuple and the buffer for it (``out`` checked, or a fresh aligned one); fires ``before_tile_read``."""
+    region = tuple(region)
+    shape = tuple(s.stop - s.start for s in region)
+    if out is None:
+        out = aligned_empty(shape, dtype)
+    elif out.shape != shape or out.dtype != dtype:
+        raise ValueError(f"read buffer of shape {out.shape} {out.dtype} does not fit region "
+                         f"{describe_region(region)} of {path} ({dtype})")
+    if faults.hook is not None:
+        faults.fire("before_tile_read", path=path, region=region)
+    return region, out
 
 
 class TileReader:
@@ -161,15 +116,7 @@ class TileReader:
         ``out`` and the result have the array's logical dtype (``self.dtype``);
         bfloat16 bits are read through a ``uint16`` view of the same buffer.
         """
-        region = tuple(region)
-        shape = tuple(s.stop - s.start for s in region)
-        if out is None:
-            out = aligned_empty(shape, self.dtype)
-        elif out.shape != shape or out.dtype != self.dtype:
-            raise ValueError(f"read buffer of shape {out.shape} {out.dtype} does not fit region "
-                             f"{describe_region(region)} of {self.path} ({self.dtype})")
-        if faults.hook is not None:
-            faults.fire("before_tile_read", path=self.path, region=region)
+        region, out = prepare_read(region, out, self.dtype, self.path)
         if folder_deleted(self._pin, self.path):
             raise MissingChunkError(f"the Zarr store at {self.path} was deleted while still in use",
                                     path=self.path, region=region)
@@ -378,6 +325,7 @@ def reader_for(store) -> TileReader:
     """The :class:`TileReader` of ``store``, kept (with its shard indexes) as long as the store lives."""
     r = _readers.get(store)
     if r is None or r.path != store.path or r.array is not store.array:
-        r = TileReader(store)
+        make = getattr(store, "make_reader", None)   # a remote store reads through zarr (jask.io.remote)
+        r = make() if make is not None else TileReader(store)
         _readers[store] = r
     return r

@@ -10,16 +10,23 @@ import os
 import time
 
 from jask.io.pins import drop_retired, is_retired, remove_tree
-from jask.io.scratch import pid_alive
+from jask.io.owners import owner_gone
+from jask.io.resume import resumable
 
 
 SWAP_WAIT_SECONDS = 10.0   # how long open_existing waits for another process's two-rename swap
 
 
-def _owner_alive(sibling: str) -> bool:
-    """Whether the process named in a ``.NAME.jask-KIND-PID-TOKEN`` sibling is another live process."""
+def _owner(sibling: str) -> int | None:
+    """The pid in a ``.NAME.jask-KIND-PID-TOKEN`` sibling's name (None if it has none)."""
     pid = sibling.rsplit("-", 2)[-2]
-    return pid.isdigit() and int(pid) != os.getpid() and pid_alive(int(pid))
+    return int(pid) if pid.isdigit() else None
+
+
+def _owner_alive(sibling: str) -> bool:
+    """Whether the process named in a sibling is another live process (not a newer one with its pid)."""
+    pid = _owner(sibling)
+    return pid is not None and pid != os.getpid() and not owner_gone(pid, sibling)
 
 
 def _siblings(path: str, kind: str = "") -> list[str]:
@@ -27,13 +34,14 @@ def _siblings(path: str, kind: str = "") -> list[str]:
     return sorted(glob.glob(os.path.join(head, f".{glob.escape(name)}.jask-{kind}*")))
 
 
-def recover(path: str) -> None:
+def recover(path: str, keep_resumable: bool = True) -> list[str]:
     """Finish or undo a replacement of ``path`` that a crash interrupted, and sweep leftovers.
 
     Only a dead process's swap (or this process's own) is finished: a live
     process may be between its two renames. If ``path`` is missing, a ``-new-``
     sibling (only ever a complete array) wins, otherwise an ``-old-`` one is put
-    back. Then :func:`sweep` removes what is left over.
+    back. Then :func:`sweep` removes what is left over; returns what it removed.
+    ``keep_resumable=False`` also removes what a ``resume=True`` write could continue.
     """
     path = os.path.abspath(path)
     if not os.path.exists(path):
@@ -45,24 +53,30 @@ def recover(path: str) -> None:
                 except OSError:
                     pass    # another process recovered it first
                 break
-    sweep(path)
+    return sweep(path, keep_resumable)
 
 
-def sweep(path: str) -> None:
-    """Remove ``-tmp-``/``-new-`` siblings of dead processes and ``-old-`` ones nobody reads.
+def sweep(path: str, keep_resumable: bool = True) -> list[str]:
+    """Remove ``-tmp-``/``-new-`` siblings of ended processes and ``-old-`` ones nobody reads; returns them.
 
     An ``-old-`` sibling is a replaced array: it goes once no process holds a
     pin on it (whatever process replaced it), and only while ``path`` exists.
+    This process's own siblings stay (another thread may be writing them),
+    unless they predate it (:func:`jask.io.owners.owner_gone`). With ``keep_resumable``
+    a ``-tmp-`` folder a ``resume=True`` write can continue stays (:mod:`jask.io.resume`).
     """
     exists = os.path.exists(path)
+    removed = []
     for leftover in _siblings(path):
         if is_retired(leftover):
-            if exists:
-                drop_retired(leftover)
+            if exists and drop_retired(leftover):
+                removed.append(leftover)
             continue
-        pid = leftover.rsplit("-", 2)[-2]
-        if pid.isdigit() and int(pid) != os.getpid() and not pid_alive(int(pid)):
+        pid = _owner(leftover)
+        if pid is not None and owner_gone(pid, leftover) and not (keep_resumable and resumable(leftover)):
             remove_tree(leftover)
+            removed.append(leftover)
+    return removed
 
 
 def _swap_in_progress(path: str) -> bool:

@@ -4,12 +4,16 @@ Where: ``JASK_SCRATCH_DIR`` or ``set_memory_budget(..., scratch_dir=...)`` when
 set; otherwise ``$TMPDIR/jask-scratch``, unless ``$TMPDIR`` (``/tmp``) is on
 tmpfs, which lives in RAM and would defeat the memory budget: then the user
 cache directory, ``$XDG_CACHE_HOME/jask/scratch`` (``~/.cache/jask/scratch``).
+A store URL (``s3://bucket/scratch``) works too, with credentials from the
+``scratch_storage_options`` setting; its stores are deleted as they are freed.
 :func:`scratch_location` says which was chosen and why.
 
 Each process gets its own folder ``<scratch_dir>/jask-<pid>-<token>``. Stores in
 it are deleted when the arrays that own them are garbage collected, and the
-folder itself at interpreter exit. Folders whose owner pid is dead (a killed
-process) are removed the next time any process uses the same scratch dir.
+folder itself at interpreter exit. Folders whose owner is gone (a killed
+process) are removed the next time any process uses the same scratch dir, and
+with them the temporaries that process left beside the user paths it wrote
+(listed in its folder's ``targets`` file).
 """
 from __future__ import annotations
 
@@ -21,19 +25,31 @@ import shutil
 import tempfile
 import types
 
+from jask.io import urls
+from jask.io.owners import owner_gone, pid_alive  # noqa: F401  (pid_alive: used from here by tests)
+from jask.io.recovery import recover
+
 _RAM_FILESYSTEMS = {"tmpfs", "ramfs"}
 _counter = itertools.count()
 _process_dir: str | None = None
+_recorded: set = set()   # (process folder, user path) already noted in its TARGETS file
+TARGETS = "targets"      # in a process folder: the user paths it writes beside, one a line
 
 # Where scratch goes is a setting of ``jask.config``, which passes its live settings object in
 # (use_settings) rather than this layer importing it; read afresh at every call.
-_settings = types.SimpleNamespace(scratch_dir=os.environ.get("JASK_SCRATCH_DIR") or None, allow_tmpfs=False)
+_settings = types.SimpleNamespace(scratch_dir=os.environ.get("JASK_SCRATCH_DIR") or None, allow_tmpfs=False,
+                                  durability=os.environ.get("JASK_DURABILITY") or "process")
 
 
 def use_settings(settings) -> None:
-    """Read ``scratch_dir`` and ``allow_tmpfs`` from ``settings`` (any object with them) from now on."""
+    """Read ``scratch_dir``, ``allow_tmpfs`` (and :func:`setting`) from ``settings`` from now on."""
     global _settings
     _settings = settings
+
+
+def setting(name: str, default=None):
+    """One live setting the io layer reads (e.g. ``durability``), or ``default`` when not set."""
+    return getattr(_settings, name, default)
 
 
 def filesystem_type(path: str) -> str:
@@ -69,18 +85,52 @@ def cache_scratch_dir() -> str:
     return os.path.join(cache, "jask", "scratch")
 
 
+class TmpfsScratchError(ValueError):
+    """The scratch dir chosen is on a RAM filesystem; ``disks`` lists the mounted real disks found."""
+
+    def __init__(self, message, path, disks):
+        super().__init__(message)
+        self.path, self.disks = path, disks
+
+
+_DISK_FILESYSTEMS = {"ext2", "ext3", "ext4", "xfs", "btrfs", "zfs", "f2fs", "jfs", "reiserfs", "bcachefs",
+                     "overlay", "nfs", "nfs4", "cifs", "smb3", "lustre", "gpfs", "beegfs", "ceph", "fuseblk"}
+
+
+def real_disks(limit: int = 8) -> list[tuple[str, str]]:
+    """Mounted folders on disk filesystems, as ``(mount point, type)``, from /proc/mounts."""
+    found = []
+    try:
+        with open("/proc/mounts") as f:
+            for line in f:
+                parts = line.split()
+                if len(parts) >= 3 and parts[2] in _DISK_FILESYSTEMS:
+                    mount = parts[1].replace("\\040", " ")
+                    if os.path.isdir(mount) and all(m != mount for m, _ in found):
+                        found.append((mount, parts[2]))
+    except OSError:
+        pass
+    return found[:limit]
+
+
 def check_scratch_dir(path: str, allow_tmpfs: bool) -> None:
-    """Refuse a scratch dir on a RAM-backed filesystem unless explicitly allowed."""
+    """Refuse a scratch dir on a RAM-backed filesystem unless explicitly allowed (:class:`TmpfsScratchError`;
+    :class:`~jask.io.urls.StoreURLError` for a malformed store URL)."""
+    path = urls.parse(path, "scratch_dir")     # file:// URLs become paths
+    if isinstance(path, urls.Location):
+        return
     fstype = _fstype_of(path)
     if fstype in _RAM_FILESYSTEMS and not allow_tmpfs:
         fallback = cache_scratch_dir()
         hint = (f"the default when $TMPDIR is on tmpfs is {fallback!r}; "
                 if _fstype_of(fallback) not in _RAM_FILESYSTEMS else "")
-        raise ValueError(
+        disks = real_disks()
+        listed = ", ".join(f"{m} ({t})" for m, t in disks) or "none found in /proc/mounts"
+        raise TmpfsScratchError(
             f"scratch dir {path!r} is on {fstype}, which lives in RAM and would defeat the memory "
-            f"budget; choose a folder on a real disk with JASK_SCRATCH_DIR or "
-            f"jask.set_memory_budget(..., scratch_dir=...) ({hint}leave both unset to use it), "
-            "or pass allow_tmpfs=True to use it anyway")
+            f"budget; choose a folder on a real disk with the environment variable JASK_SCRATCH_DIR or "
+            f"jask.set_memory_budget(..., scratch_dir=...) ({hint}leave both unset to use it); "
+            f"real disks mounted here: {listed}; or pass allow_tmpfs=True to use it anyway", path, disks)
 
 
 def scratch_location() -> tuple[str, str]:
@@ -101,38 +151,65 @@ def _default_root() -> str:
     return scratch_location()[0]
 
 
-def pid_alive(pid: int) -> bool:
-    """Whether a process with this pid exists (owner checks for scratch and half-done swaps)."""
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
-
-
-def remove_stale(root: str) -> list[str]:
-    """Delete process folders under ``root`` whose owner pid is no longer alive."""
+def remove_stale(root: str, keep_resumable: bool = True) -> list[str]:
+    """Delete process folders under ``root`` whose owner has ended, and the leftovers beside the
+    user paths each recorded (:func:`record_target`); returns the absolute paths removed."""
     removed = []
     try:
         names = os.listdir(root)
     except FileNotFoundError:
         return removed
-    for name in names:
+    for name in sorted(names):
         parts = name.split("-")
-        if len(parts) == 3 and parts[0] == "jask" and parts[1].isdigit():
-            pid = int(parts[1])
-            if pid != os.getpid() and not pid_alive(pid):
-                shutil.rmtree(os.path.join(root, name), ignore_errors=True)
-                removed.append(name)
+        folder = os.path.join(os.path.abspath(root), name)
+        if len(parts) == 3 and parts[0] == "jask" and parts[1].isdigit() and owner_gone(int(parts[1]), folder):
+            removed += _sweep_targets(folder, keep_resumable)
+            shutil.rmtree(folder, ignore_errors=True)
+            removed.append(folder)
     return removed
+
+
+def _sweep_targets(folder: str, keep_resumable: bool) -> list[str]:
+    try:
+        with open(os.path.join(folder, TARGETS)) as f:
+            targets = [line.rstrip("\n") for line in f if line.strip()]
+    except OSError:
+        return []
+    return [p for t in dict.fromkeys(targets) for p in recover(t, keep_resumable)]
+
+
+def in_scratch(path: str) -> bool:
+    """Whether ``path`` lies in the scratch dir this process uses (its stores need no sweeping)."""
+    return _process_dir is not None and path.startswith(os.path.dirname(_process_dir) + os.sep)
+
+
+def record_target(path: str) -> None:
+    """Note in this process's folder that it writes beside ``path``, before it does.
+
+    Should the process be killed, whoever sweeps its folder (:func:`remove_stale`)
+    then also removes the hidden temporaries it left beside ``path``. Skipped
+    where no scratch folder can be made (the write itself does not need one).
+    """
+    try:
+        folder = process_dir()
+    except (OSError, ValueError):
+        return
+    if (folder, path) in _recorded:
+        return
+    with open(os.path.join(folder, TARGETS), "a") as f:
+        f.write(path + "\n")
+    _recorded.add((folder, path))
 
 
 def process_dir() -> str:
     """This process's scratch folder, created (and stale folders swept) on first use."""
     global _process_dir
-    root = _default_root()
+    root = urls.parse(_default_root(), "scratch_dir")
+    if isinstance(root, urls.Location):   # an object store: each store deletes itself when freed (jask.io.remote)
+        root = root.url
+        if _process_dir is None or not _process_dir.startswith(root.rstrip("/") + "/"):
+            _process_dir = f"{root.rstrip('/')}/jask-{os.getpid()}-{secrets.token_hex(4)}"
+        return _process_dir
     if _process_dir is None or os.path.dirname(_process_dir) != os.path.abspath(root):
         check_scratch_dir(root, _settings.allow_tmpfs)
         created_root = not os.path.isdir(root)
@@ -155,10 +232,26 @@ def _remove_process_dir(path: str, remove_root: bool) -> None:
 
 
 def new_path(tag: str = "array") -> str:
-    """A fresh, not yet existing store path in this process's scratch folder."""
+    """A fresh, not yet existing store path (or URL) in this process's scratch folder."""
     return os.path.join(process_dir(), f"{tag}-{next(_counter)}.zarr")
 
 
-def cleanup_scratch(root: str | None = None) -> list[str]:
-    """Remove scratch folders left behind by dead processes; returns their names."""
-    return remove_stale(root or _default_root())
+def storage_options() -> dict | None:
+    """``storage_options`` for a scratch dir that is a store URL (the ``scratch_storage_options`` setting)."""
+    return getattr(_settings, "scratch_storage_options", None)
+
+
+def cleanup_scratch(root: str | None = None, paths=()) -> list[str]:
+    """Remove what killed processes left behind; returns the absolute paths removed.
+
+    That is their scratch folders under ``root`` (default: the scratch dir in
+    use) and the hidden temporaries (``.NAME.jask-tmp-PID-...``, ``-new-``,
+    unread ``-old-``) beside the user paths they were writing, which those
+    folders record, and beside each of ``paths``, including partial writes a
+    ``to_zarr(..., resume=True)`` could continue. Only leftovers whose owner
+    process has ended are touched (:mod:`jask.io.owners`).
+    """
+    removed = remove_stale(root or _default_root(), keep_resumable=False)
+    for p in paths:
+        removed += recover(os.path.abspath(os.fspath(p)), keep_resumable=False)
+    return removed

@@ -30,24 +30,12 @@ import weakref
 import numpy as np
 import zarr
 
-from jask.io import dtypes, faults
-from jask.io.layout import describe_region
+from jask.io import dtypes, durable, faults, scratch
+from jask.io.layout import check_shards, describe_region
 from jask.io.pins import Pin, drop_retired, folder_deleted, pin_current, remove_tree
-from jask.io.recovery import settle, sweep
-from jask.io.writer import make_chunk_writer
-
-
-def _fsync_dir(path: str) -> None:
-    try:
-        fd = os.open(path, os.O_RDONLY)
-    except OSError:
-        return
-    try:
-        os.fsync(fd)
-    except OSError:
-        pass
-    finally:
-        os.close(fd)
+from jask.io.recovery import recover, settle, sweep
+from jask.io.resume import ChunkJournal, claim
+from jask.io.writer import ChunkFileWriter, make_chunk_writer
 
 
 def _sibling(path: str, kind: str) -> str:
@@ -213,10 +201,15 @@ class PendingStore:
     by appending, instead of zarr-python rewriting a shard for every tile).
     """
 
-    def __init__(self, final_path: str, shape, dtype, chunks, compressors=None, shards=None):
+    def __init__(self, final_path: str, shape, dtype, chunks, compressors=None, shards=None, resume=False):
         self.final_path = os.path.abspath(final_path)
         self.what = describe_array(shape, dtype, self.final_path)
         os.makedirs(os.path.dirname(self.final_path), exist_ok=True)
+        user = not scratch.in_scratch(self.final_path)
+        if user:                                       # note the path, sweep what killed writers left
+            scratch.record_target(self.final_path)
+            recover(self.final_path, keep_resumable=resume)
+        early = durable.start_writeback if user and durable.mode() == "power" else None
         self.tmp_path = _sibling(self.final_path, "tmp")
         shards = None if shards is None else tuple(int(s) for s in shards)
         if shards is not None:
@@ -228,7 +221,13 @@ class PendingStore:
                 shards=shards, compressors=compressors, fill_value=0, zarr_format=3,
                 config={"write_empty_chunks": True},
                 attributes={"jask": {"dense": True, **dtypes.dtype_attributes(dtype)}})
-            self._writer = make_chunk_writer(self.array, self.tmp_path)
+            self._writer = make_chunk_writer(self.array, self.tmp_path, on_written=early)
+            self._journal = None                         # resume=True: chunks on disk (jask.io.resume)
+            if resume and isinstance(self._writer, ChunkFileWriter):
+                if claim(self.final_path, self.tmp_path):
+                    self.array = zarr.open_array(self.tmp_path, mode="r+")
+                    self._writer = make_chunk_writer(self.array, self.tmp_path, on_written=early)
+                self._journal = ChunkJournal(self.tmp_path, self._writer.lay)
             if faults.hook is not None:
                 faults.fire("after_create", path=self.final_path)
         except BaseException as e:
@@ -251,10 +250,16 @@ class PendingStore:
                 self._writer.write(tuple(region), block)
             else:
                 self.array[region] = block
+            if self._journal is not None:
+                self._journal.record(region)
             if faults.hook is not None:
                 faults.fire("after_tile_write", path=self.final_path, region=region)
         except OSError as e:
             raise _io_error(e, f"writing region {describe_region(region)} of {self.what}") from e
+
+    def done(self, region) -> bool:
+        """Whether ``region`` is already on disk in a resumed write (its tile need not be computed)."""
+        return self._journal is not None and self._journal.covers(region)
 
     def abort(self) -> None:
         """Remove the hidden folder (idempotent; a no-op once committed)."""
@@ -266,15 +271,22 @@ class PendingStore:
         Until the swap (fault point ``after_swap``) a failure removes the new
         folder and leaves the path as it was; an ``OSError`` is raised again
         naming the array and path. (Past that point the new array is in place;
-        only the old folder's disposal is left.) A replaced folder lives on for
+        only the old folder's disposal is left.) With durability ``"power"`` a
+        user store's files and folders are fsynced before the swap and its parent
+        folder after it (:mod:`jask.io.durable`). A replaced folder lives on for
         arrays still open on it, in this process or another.
         """
         pin = None
+        power = not owned and durable.mode() == "power"   # scratch dies with its process: never synced
         try:
             if self._writer is not None:
                 self._writer.finish()
+            if power:
+                durable.sync_tree(self.tmp_path, self.final_path)
             if faults.hook is not None:
                 faults.fire("before_commit", path=self.final_path)
+            if self._journal is not None:               # complete: a committed array carries no journal
+                self._journal.remove()
             exists = os.path.lexists(self.final_path)
             if exists and not replace:
                 raise FileExistsError(f"{self.final_path} already exists; pass overwrite=True to replace it")
@@ -287,13 +299,19 @@ class PendingStore:
             if isinstance(e, OSError) and not isinstance(e, FileExistsError):
                 raise _io_error(e, f"committing {self.what}") from e
             raise
-        _fsync_dir(os.path.dirname(self.final_path))
         if old_aside is not None:
             if faults.hook is not None:
                 faults.fire("after_retire", path=self.final_path)
             if not _move_open_stores(self.final_path, old_aside):
                 drop_retired(old_aside)
             sweep(self.final_path)
+        if power:
+            try:
+                durable.sync_parent(self.final_path)
+            except OSError as e:
+                if pin is not None:
+                    pin.release()
+                raise _io_error(e, f"{self.what} is in place, but syncing its folder (durability 'power')") from e
         if faults.hook is not None:
             faults.fire("after_commit", path=self.final_path)
         array = zarr.open_array(pin.root if pin is not None else self.final_path,
@@ -336,15 +354,6 @@ class PendingStore:
         if faults.hook is not None:
             faults.fire("after_swap", path=final)
         return aside
-
-
-def check_shards(shape, chunks, shards) -> None:
-    """Refuse a shard shape that does not hold a whole number of chunks per axis."""
-    if len(shards) != len(shape) or any(s < 1 for s in shards):
-        raise ValueError(f"shards {tuple(shards)} do not fit an array of shape {tuple(shape)}")
-    if any(s % c for s, c in zip(shards, chunks)):
-        raise ValueError(f"shards {tuple(shards)} must be whole multiples of chunks {tuple(chunks)} "
-                         "along every axis")
 
 
 def open_existing(path: str, mode: str) -> Store:

@@ -191,19 +191,21 @@ class WriteBehind:
 
 # ---------------------------------------------------------------- shards
 
-def make_chunk_writer(array, root: str):
+def make_chunk_writer(array, root: str, on_written=None):
     """The fastest writer for a new zarr ``array`` stored in folder ``root``, or None to let zarr write.
 
     Uncompressed chunks are written straight from the tile's memory
     (:class:`ChunkFileWriter`, :class:`ShardWriter`); compressed shards are
     assembled in memory (:class:`BufferedShardWriter`); other layouts go
-    through zarr-python.
+    through zarr-python. ``on_written(fd)``, if given, is called on each file
+    descriptor the raw writers wrote to, before closing it (durability
+    ``"power"`` starts the file's writeback there).
     """
     layout = ChunkLayout(array)
     if layout.mode == "shard":
-        return ShardWriter(array, root, layout)
+        return ShardWriter(array, root, layout, on_written)
     if layout.mode == "chunk":
-        return ChunkFileWriter(array, root, layout)
+        return ChunkFileWriter(array, root, layout, on_written)
     if getattr(array, "shards", None) is not None:
         return BufferedShardWriter(array)
     return None
@@ -264,8 +266,8 @@ class ChunkFileWriter:
     stores them.
     """
 
-    def __init__(self, array, root, layout):
-        self.root, self.lay = root, layout
+    def __init__(self, array, root, layout, on_written=None):
+        self.root, self.lay, self.on_written = root, layout, on_written
         self.pieces = _Pieces(layout.chunk, layout.shape, layout.dtype,
                               np.asarray(array.fill_value, layout.dtype))
         self._dirs: set = set()
@@ -283,6 +285,8 @@ class ChunkFileWriter:
         fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
         try:
             _write_all(fd, memoryview(np.ascontiguousarray(chunk)).cast("B"))
+            if self.on_written is not None:
+                self.on_written(fd)
         finally:
             os.close(fd)
 
@@ -301,8 +305,8 @@ class ShardWriter:
     chunk only when tiles do not line up with the inner chunks.
     """
 
-    def __init__(self, array, root, layout):
-        self.array, self.root, self.lay = array, root, layout
+    def __init__(self, array, root, layout, on_written=None):
+        self.array, self.root, self.lay, self.on_written = array, root, layout, on_written
         self.fill = np.asarray(array.fill_value, layout.dtype)
         self.pieces = _Pieces(layout.chunk, layout.shape, layout.dtype, self.fill)
         self.open: dict = {}        # shard coords -> [index array, bytes written, chunks left]
@@ -344,6 +348,8 @@ class ShardWriter:
         fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
         try:
             _write_all(fd, data)
+            if self.on_written is not None:
+                self.on_written(fd)
         finally:
             os.close(fd)
 

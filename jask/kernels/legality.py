@@ -248,9 +248,14 @@ def gpu_plan(kind, spec, acc_dtype, limits: Limits = LIMITS, dots=()) -> Plan:
     return Plan("general")
 
 
-# Primitives Pallas cannot lower on a target (jax 0.10.2; found by the lowering gate: jask.numpy.prod,
-# and the row gather of jask.numpy slicing and concatenate, whose programs run as xla there).
-UNLOWERABLE = {"tpu": frozenset({"reduce_prod", "gather"}), "gpu": frozenset({"reduce_prod", "gather"})}
+# Primitives Pallas cannot lower on a target (jax 0.10.2). Found by the lowering gate: jask.numpy.prod,
+# and the row gather of jask.numpy slicing and concatenate. Found compiling on a TPU v5e (2026-12-05,
+# "Unimplemented primitive in Pallas TPU lowering"): the inverse-trig and hyperbolic ufuncs, expm1, cbrt;
+# jax.export accepts them, Mosaic's compile does not. Their programs run as xla there.
+_TPU_ONLY = {"expm1", "sinh", "cosh", "atan", "asin", "acos", "asinh", "acosh", "atanh", "cbrt"}
+UNLOWERABLE = {"tpu": frozenset({"reduce_prod", "gather"} | _TPU_ONLY), "gpu": frozenset({"reduce_prod", "gather"})}
+# Dtypes Mosaic TPU could not load as vectors on a TPU v5e ("Invalid vector type for load").
+UNLOADABLE_DTYPES = {"tpu": frozenset({"float16"}), "gpu": frozenset()}
 
 
 def _all_prims(jaxpr) -> set:
@@ -273,7 +278,12 @@ def unlowerable(op, spec, acc_dtype, target: str) -> str | None:
     acc = jax.ShapeDtypeStruct(spec.out_block, acc_dtype)
     comb = jax.make_jaxpr(op.combine)(acc, acc).jaxpr
     bad = sorted((_all_prims(fwd) | _all_prims(comb)) & UNLOWERABLE.get(target, frozenset()))
-    return bad[0] if bad else None
+    if bad:
+        return bad[0]
+    dtypes = {str(x.dtype) for x in spec.leaf_structs} | {str(acc_dtype)}
+    dtypes |= {str(v.aval.dtype) for v in fwd.outvars if hasattr(v, "aval")}
+    unloadable = sorted(dtypes & UNLOADABLE_DTYPES.get(target, frozenset()))
+    return f"{unloadable[0]} vectors" if unloadable else None
 
 
 def plan(op, spec, acc_dtype, target: str, limits: Limits = LIMITS) -> Plan:

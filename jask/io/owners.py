@@ -1,0 +1,62 @@
+"""Whether the process that made a leftover (a scratch folder, a hidden sibling) is gone.
+
+Leftovers carry their owner's pid in their name. A pid is only a hint: once
+the owner is dead the system may give the same pid to a new process. So an
+owner counts as gone when no process has the pid, or when the process that
+has it now started well after the leftover was last modified (the owner made
+it, so it started before). The margin, :data:`REUSE_MARGIN_SECONDS`, absorbs
+coarse timestamps and clock skew between a network disk and this machine; a
+pid reused sooner than that keeps the leftover until a later sweep.
+"""
+from __future__ import annotations
+
+import os
+
+REUSE_MARGIN_SECONDS = 60.0
+
+
+def pid_alive(pid: int) -> bool:
+    """Whether a process with this pid exists."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def _boot_time() -> float | None:
+    try:
+        with open("/proc/stat") as f:
+            for line in f:
+                if line.startswith("btime "):
+                    return float(line.split()[1])
+    except OSError:
+        pass
+    return None
+
+
+def process_start(pid: int) -> float | None:
+    """When process ``pid`` started (seconds since the epoch), from /proc; None where unknown."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            fields = f.read().rsplit(")", 1)[1].split()   # the command name may hold spaces and ')'
+        boot = _boot_time()
+        if boot is None:
+            return None
+        return boot + int(fields[19]) / os.sysconf("SC_CLK_TCK")   # field 22: start time in clock ticks
+    except (OSError, IndexError, ValueError):
+        return None
+
+
+def owner_gone(pid: int, leftover: str) -> bool:
+    """Whether the process ``pid`` that made ``leftover`` has ended (its pid free, or taken by a newer process)."""
+    if not pid_alive(pid):
+        return True
+    started = process_start(pid)
+    try:
+        modified = os.lstat(leftover).st_mtime
+    except OSError:
+        return False
+    return started is not None and started > modified + REUSE_MARGIN_SECONDS

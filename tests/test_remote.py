@@ -1,0 +1,329 @@
+"""Store URLs: s3:// against a real S3 server on loopback (moto), memory://, file://, and bad URLs.
+
+The S3 tests start ``python -m moto.server`` on 127.0.0.1 (jask/bench/s3server.py)
+and are skipped, saying why, where moto[server] or s3fs is not installed; the
+memory://, file:// and URL-error tests need neither.
+"""
+import gc
+import os
+import signal
+import subprocess
+import sys
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import jask
+from jask.bench import s3server
+from jask.io import backends
+from jask.io.reader import MissingChunkError, reader_for
+from jask.io.remote import RemoteStore
+from jask.io.urls import BucketNotFoundError, RemoteAccessError, StoreURLError
+
+BUCKET = "jask-test"
+MOTO_MISSING = s3server.moto_missing()
+needs_moto = pytest.mark.skipif(MOTO_MISSING is not None, reason=f"S3 tests: {MOTO_MISSING}")
+
+
+@pytest.fixture(scope="module")
+def s3():
+    """A moto S3 server (no credential checks) with one bucket."""
+    server = s3server.S3Server()
+    server.make_bucket(BUCKET)
+    yield server
+    server.stop()
+
+
+@pytest.fixture(params=["obstore", "fsspec"])
+def backend(request, monkeypatch):
+    """s3:// through zarr's ObjectStore (obstore) and through its FsspecStore (s3fs)."""
+    if request.param == "obstore":
+        pytest.importorskip("obstore", reason="the obstore route needs obstore")
+    monkeypatch.setattr(backends, "USE_OBSTORE", request.param == "obstore")
+    return request.param
+
+
+def _keys(server, prefix):
+    listed = server.client().list_objects_v2(Bucket=BUCKET, Prefix=prefix)
+    return sorted(o["Key"] for o in listed.get("Contents", []))
+
+
+def _data(shape, seed=0):
+    return np.random.default_rng(seed).standard_normal(shape).astype(np.float32)
+
+
+# ---------------------------------------------------------------- URLs
+
+@pytest.mark.parametrize("url", ["s3:/bucket/x.zarr", "s3:bucket/x", "ftp://host/x.zarr", "memory:x",
+                                 "s3://", "s3://bucket/../x", "file://otherhost/x"])
+def test_malformed_urls_are_named_errors(url, tmp_path, monkeypatch):
+    """A typo in a URL is refused, naming it, instead of becoming a local folder called 's3:'."""
+    monkeypatch.chdir(tmp_path)
+    x = jask.from_numpy(np.ones((2, 3), np.float32))
+    for call in (lambda: jask.from_zarr(url), lambda: jask.to_zarr(x, url)):
+        with pytest.raises(StoreURLError) as err:
+            call()
+        assert err.value.url == url and url in str(err.value)
+    assert os.listdir(tmp_path) == []
+
+
+def test_storage_options_for_a_local_path_are_refused(tmp_path):
+    x = jask.from_numpy(np.ones((2, 3), np.float32))
+    with pytest.raises(ValueError, match="storage_options apply to store URLs"):
+        jask.to_zarr(x, tmp_path / "a.zarr", storage_options={"key": "k"})
+    assert not os.path.exists(tmp_path / "a.zarr")
+    with pytest.raises(ValueError, match="storage_options apply to store URLs"):
+        jask.from_zarr(tmp_path / "a.zarr", storage_options={"key": "k"})
+
+
+def test_missing_package_for_a_scheme_is_named():
+    """gs:// without gcsfs (not installed in CI): the error names the package to install."""
+    try:
+        import gcsfs  # noqa: F401
+        pytest.skip("gcsfs is installed here, so gs:// URLs open")
+    except ImportError:
+        pass
+    with pytest.raises(StoreURLError, match="pip install gcsfs") as err:
+        jask.from_zarr("gs://some-bucket/x.zarr")
+    assert err.value.url == "gs://some-bucket/x.zarr"
+
+
+def test_file_url_uses_the_local_reader(tmp_path):
+    """file:// URLs are local paths: same folder, direct reads, and update_'s folder swap."""
+    a = _data((40, 30))
+    url = f"file://{tmp_path}/a.zarr"
+    jask.to_zarr(jask.from_numpy(a), url, chunks=(16, 16))
+    assert os.path.exists(tmp_path / "a.zarr" / "zarr.json")
+    x = jask.from_zarr(url, mode="r+")
+    store = x._node.resolved().store
+    assert not isinstance(store, RemoteStore) and reader_for(store).mode == "chunk"
+    np.testing.assert_array_equal(np.asarray(x), a)
+    x.update_(x * 2)
+    np.testing.assert_array_equal(np.asarray(jask.from_zarr(str(tmp_path / "a.zarr"))), a * 2)
+
+
+def test_memory_round_trip_and_update():
+    import fsspec
+    fs = fsspec.filesystem("memory")
+    url = "memory://jask-test-mem/a.zarr"
+    a, b = _data((50, 20), 1), _data((50, 20), 2)
+    try:
+        jask.to_zarr(jask.from_numpy(a), url, chunks=(16, 8))
+        with pytest.raises(FileExistsError, match=url):
+            jask.to_zarr(jask.from_numpy(b), url)
+        x = jask.from_zarr(url, mode="r+")
+        np.testing.assert_array_equal(np.asarray(x), a)
+        np.testing.assert_allclose(float(jask.sum(x + x)), float((a + a).sum()), rtol=1e-5)
+        before = jask.from_zarr(url)
+        x.update_(jask.from_numpy(b))
+        np.testing.assert_array_equal(np.asarray(jask.from_zarr(url)), b)
+        np.testing.assert_array_equal(np.asarray(before), a)     # opened before: keeps its version
+        versions = {p.split("/")[3] for p in fs.find("/jask-test-mem/a.zarr") if "/v-" in p}
+        assert len(versions) == 2
+        del before
+        gc.collect()
+        versions = {p.split("/")[3] for p in fs.find("/jask-test-mem/a.zarr") if "/v-" in p}
+        assert len(versions) == 1                                # the replaced one is gone once unread
+    finally:
+        fs.rm("/jask-test-mem", recursive=True)
+
+
+def test_plain_zarr_array_at_a_url_is_read_and_replaced():
+    """A Zarr array other tools wrote at a URL opens as it is; update_ turns it into jask's versioned layout."""
+    import fsspec
+    import zarr
+    fs = fsspec.filesystem("memory")
+    url = "memory://jask-test-plain/p.zarr"
+    a = _data((12, 10), 9)
+    try:
+        zarr.create_array(url, shape=a.shape, chunks=(5, 5), dtype="float32")[...] = a
+        x = jask.from_zarr(url, mode="r+")
+        np.testing.assert_array_equal(np.asarray(x), a)
+        x.update_(x * 2)
+        np.testing.assert_array_equal(np.asarray(jask.from_zarr(url)), a * 2)
+        assert zarr.open_group(url).attrs["jask"]["current"].startswith("v-")
+        assert not [p for p in fs.find("/jask-test-plain/p.zarr") if "/c/" in p and "/v-" not in p]
+    finally:
+        fs.rm("/jask-test-plain", recursive=True)
+
+
+def test_reader_whose_version_is_deleted_gets_a_named_error():
+    """Another process's writer deleted the version this reader opened: an error naming it, not other data."""
+    import fsspec
+    fs = fsspec.filesystem("memory")
+    url = "memory://jask-test-gone/a.zarr"
+    try:
+        jask.to_zarr(jask.from_numpy(_data((20, 8), 10)), url, chunks=(10, 8))
+        x = jask.from_zarr(url)
+        version = x._node.resolved().store.version
+        fs.rm(f"/jask-test-gone/a.zarr/{version}/c", recursive=True)
+        with pytest.raises(MissingChunkError, match=f"{url}/{version}"):
+            np.asarray(x)
+    finally:
+        fs.rm("/jask-test-gone", recursive=True)
+
+
+def test_scratch_on_an_object_store():
+    """Op outputs and persisted arrays can live under a store URL; each is deleted once freed."""
+    import fsspec
+    fs = fsspec.filesystem("memory")
+    jask.config.update("scratch_dir", "memory://jask-test-scratch")
+    a = _data((30, 20), 3)
+    x = jask.from_numpy(a)
+    y = jask.persist(x * 3 + 1)
+    assert isinstance(y._node.resolved().store, RemoteStore)
+    np.testing.assert_allclose(np.asarray(y), a * 3 + 1, rtol=1e-6, atol=1e-6)
+    assert fs.find("/jask-test-scratch")
+    del x, y
+    gc.collect()
+    assert fs.find("/jask-test-scratch") == []
+
+
+# ---------------------------------------------------------------- S3
+
+@needs_moto
+def test_s3_round_trip_and_ops(s3, backend):
+    opts = s3.storage_options()
+    a, b, w = _data((96, 40), 4), _data((96, 40), 5), _data((40, 8), 6)
+    for name, arr in (("a", a), ("b", b), ("w", w)):
+        jask.to_zarr(jask.from_numpy(arr), f"s3://{BUCKET}/{backend}/{name}.zarr", chunks=(32, 16),
+                     storage_options=opts)
+    x, y, v = (jask.from_zarr(f"s3://{BUCKET}/{backend}/{n}.zarr", storage_options=opts) for n in "abw")
+    jask.config.update("tile", 32)     # several tiles per pass
+    store = x._node.resolved().store
+    assert type(store.array.store._store).__name__ == {"obstore": "ObjectStore", "fsspec": "FsspecStore"}[backend]
+    np.testing.assert_array_equal(np.asarray(x), a)
+    with jask.profile() as stats:
+        total = float(jask.sum(x))
+    assert stats.bytes_read == a.nbytes                      # every tile read once, through the prefetcher
+    np.testing.assert_allclose(total, a.sum(dtype=np.float64), rtol=1e-5)
+    np.testing.assert_allclose(np.asarray(x + y), a + b, rtol=1e-6)
+    np.testing.assert_allclose(np.asarray(x @ v), a @ w, rtol=1e-4, atol=1e-4)
+    jask.to_zarr(x * y, f"s3://{BUCKET}/{backend}/prod.zarr", storage_options=opts)
+    np.testing.assert_allclose(np.asarray(jask.from_zarr(f"s3://{BUCKET}/{backend}/prod.zarr", storage_options=opts)),
+                               a * b, rtol=1e-6)
+
+
+@needs_moto
+def test_s3_training_step_reads_the_bucket(s3):
+    """jit(value_and_grad) of the demo's loss over X, y in the bucket; w in the bucket updated with update_."""
+    opts = s3.storage_options()
+    Xn, yn = _data((128, 16), 7), _data((128, 1), 8)
+    jask.to_zarr(jask.from_numpy(Xn), f"s3://{BUCKET}/train/X.zarr", chunks=(32, 16), storage_options=opts)
+    jask.to_zarr(jask.from_numpy(yn), f"s3://{BUCKET}/train/y.zarr", chunks=(32, 1), storage_options=opts)
+    jask.to_zarr(jask.from_numpy(np.zeros((16, 1), np.float32)), f"s3://{BUCKET}/train/w.zarr",
+                 storage_options=opts)
+    X = jask.from_zarr(f"s3://{BUCKET}/train/X.zarr", storage_options=opts)
+    y = jask.from_zarr(f"s3://{BUCKET}/train/y.zarr", storage_options=opts)
+    w = jask.from_zarr(f"s3://{BUCKET}/train/w.zarr", mode="r+", storage_options=opts)
+
+    def loss_fn(w, X, y):
+        return jask.sum(jask.square(X @ w - y)) / X.shape[0]
+
+    def ref_loss(w):
+        return jnp.sum(jnp.square(Xn @ w - yn)) / Xn.shape[0]
+
+    step = jax.jit(jax.value_and_grad(loss_fn))
+    wn = np.zeros((16, 1), np.float32)
+    for _ in range(2):
+        loss, g = step(w, X, y)
+        ref, ref_g = jax.value_and_grad(ref_loss)(wn)
+        np.testing.assert_allclose(float(loss), float(ref), rtol=1e-5)
+        np.testing.assert_allclose(np.asarray(g), np.asarray(ref_g), rtol=1e-4, atol=1e-6)
+        w.update_(w - 0.1 * g)
+        wn = wn - 0.1 * np.asarray(ref_g)
+    stored = jask.from_zarr(f"s3://{BUCKET}/train/w.zarr", storage_options=opts)
+    np.testing.assert_allclose(np.asarray(stored), wn, rtol=1e-5, atol=1e-7)
+    del w, stored, step, loss, g
+    jax.clear_caches()     # jit's cache holds the arrays it traced, and so their versions
+    gc.collect()
+    assert len({k.split("/")[2] for k in _keys(s3, "train/w.zarr/v-")}) == 1   # old versions deleted
+
+
+_KILL_CHILD = """
+import sys, jask
+jask.config.update("tile", 16)   # 8 tiles written
+x = jask.from_zarr(sys.argv[1], mode="r+",
+                   storage_options={"key": "testing", "secret": "testing", "endpoint_url": sys.argv[2]})
+x.update_(x * 2)     # no scratch store: every fault point counted is one of this remote write
+"""
+
+
+@needs_moto
+def test_s3_killed_writer_leaves_a_whole_version(s3, tmp_path):
+    """SIGKILL an ``update_`` mid-write, before its commit, and just after: old or new, never a mix."""
+    opts = s3.storage_options()
+    old = np.full((64, 32), 1.0, np.float32)
+    cases = {"after_tile_write:2": old, "before_commit:1": old, "after_swap:1": old * 2}
+    children = []
+    for n, (spec, _) in enumerate(cases.items()):
+        url = f"s3://{BUCKET}/kill/{n}.zarr"
+        jask.to_zarr(jask.from_numpy(old), url, chunks=(16, 32), storage_options=opts)
+        env = dict(os.environ, JASK_FAULT=spec, JASK_SCRATCH_DIR=str(tmp_path), OPENBLAS_NUM_THREADS="1")
+        children.append((url, spec, subprocess.Popen([sys.executable, "-c", _KILL_CHILD, url, s3.endpoint],
+                                                     env=env, stderr=subprocess.PIPE, text=True)))
+    ancient = "v-0000000000001-0badc0de"    # a killed writer's version from long ago
+    for n, (url, spec, proc) in enumerate(children):
+        _, err = proc.communicate(timeout=180)
+        assert proc.returncode == -signal.SIGKILL, f"{spec}: {err[-2000:]}"
+        np.testing.assert_array_equal(np.asarray(jask.from_zarr(url, storage_options=opts)), cases[spec])
+        s3.client().put_object(Bucket=BUCKET, Key=f"kill/{n}.zarr/{ancient}/zarr.json", Body=b"{}")
+        left = {k.split("/")[2] for k in _keys(s3, f"kill/{n}.zarr/v-")}
+        jask.to_zarr(jask.from_numpy(old * 3), url, overwrite=True, storage_options=opts)   # still writable
+        np.testing.assert_array_equal(np.asarray(jask.from_zarr(url, storage_options=opts)), old * 3)
+        now = {k.split("/")[2] for k in _keys(s3, f"kill/{n}.zarr/v-")}
+        assert ancient in left and ancient not in now          # swept by the next commit
+        if spec != "after_swap:1":
+            assert len(left) == 3 and len(now) == 2            # the killed write's young version stays
+
+
+@needs_moto
+def test_s3_missing_bucket_is_named_before_any_work(s3, backend):
+    opts = s3.storage_options()
+    url = "s3://no-such-bucket/x.zarr"
+    with pytest.raises(BucketNotFoundError, match="no-such-bucket") as err:
+        jask.from_zarr(url, storage_options=opts)
+    assert err.value.url == url
+    x = jask.from_numpy(np.ones((8, 8), np.float32))
+    with jask.profile() as stats, pytest.raises(BucketNotFoundError, match="no-such-bucket"):
+        jask.to_zarr(x * 2, url, storage_options=opts)
+    assert stats.tiles == 0 and stats.bytes_written == 0
+    with pytest.raises(FileNotFoundError, match=f"no Zarr array at s3://{BUCKET}/absent.zarr"):
+        jask.from_zarr(f"s3://{BUCKET}/absent.zarr", storage_options=opts)
+
+
+@needs_moto
+def test_s3_bad_credentials_are_named_before_any_work(backend):
+    """Against a server that checks signatures: a wrong secret or unknown key is RemoteAccessError."""
+    server = s3server.S3Server(auth=True)
+    try:
+        server.make_bucket(BUCKET)
+        url = f"s3://{BUCKET}/x.zarr"
+        for opts in (server.storage_options(secret="wrong-secret"), server.storage_options(key="AKIAUNKNOWN0")):
+            with pytest.raises(RemoteAccessError, match="access denied") as err:
+                jask.from_zarr(url, storage_options=opts)
+            assert err.value.url == url
+            x = jask.from_numpy(np.ones((8, 8), np.float32))
+            with jask.profile() as stats, pytest.raises(RemoteAccessError):
+                jask.to_zarr(x + 1, url, storage_options=opts)
+            assert stats.tiles == 0 and stats.bytes_written == 0
+        assert server.client().list_objects_v2(Bucket=BUCKET).get("KeyCount", 0) == 0
+    finally:
+        server.stop()
+
+
+@needs_moto
+def test_remote_benchmark_runs(tmp_path):
+    """``python -m jask.bench --store=s3`` at a tiny size: it runs, every sum is right, every rate is there."""
+    import json
+    env = dict(os.environ, JASK_BENCH_DIR=str(tmp_path / "bench"))
+    proc = subprocess.run([sys.executable, "-m", "jask.bench", "--store=s3", "--remote_mib=4", "--remote_repeat=1",
+                           f"--out={tmp_path}"], env=env, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    with open(tmp_path / "remote.json") as f:
+        result = json.load(f)
+    assert result["sum_ok"] and result["bytes"] == 4 * 2**20
+    assert {"jask sum", "jask sum, fsspec route", "raw GET boto3 sequential"} <= result["rates"].keys()
+    assert "jask sum / best raw GET" in proc.stdout
