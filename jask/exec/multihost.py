@@ -7,20 +7,19 @@ outputs can be shared is cut into one contiguous share per process
 * A scalar root (a ``sum``, a loss): each process folds its partial; the
   partials are gathered (``process_allgather``) and folded in process order,
   so every process gets the same value.
-* An output to a user path (``to_zarr``, ``update_``) in one-tile chunks: process 0 creates the
-  hidden staging folder, every process writes its own tiles into it, and after
-  a barrier process 0 commits it (the usual atomic rename); a second barrier
-  lets the others open the committed array.
-
+* An output to a local user path (``to_zarr``, ``update_``) in one-tile
+  chunks: process 0 creates the hidden staging folder, every process writes
+  its own tiles into it, and after a barrier process 0 commits it (the usual
+  atomic rename); a second barrier lets the others open the committed array.
 * A scratch stage (an intermediate the next pass reads): the same, in a store
-  in process 0's scratch folder that every process pins and reads.
+  in process 0's scratch folder that every process pins and reads (one host).
 * A small output that cannot be written so (in memory, or tiles a share
-  boundary cuts; a gradient of weights):
-  each process computes its share, the whole output is gathered and folded
-  alike in every process, and each writes it to its own sink.
+  boundary cuts; a gradient of weights): each process computes its share, the
+  whole output is gathered and folded alike in every process, and each writes
+  it to its own sink.
 
 Other passes (in-memory results of large arrays, custom ops, sharded outputs,
-chunks spanning tiles) run whole in every process, as in a single-process run;
+chunks spanning tiles, store URLs) run whole in every process, as in a single-process run;
 of those, only process 0 writes a user path. See DESIGN.md.
 """
 from __future__ import annotations
