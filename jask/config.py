@@ -58,6 +58,7 @@ class Config:
     fusion: bool = True
     progress: bool = False
     device: object = None          # a jax.Device for tile math; None: the default backend's first device
+    devices: object = None         # devices a pass spreads its windows over: a tuple, "all", or None (just `device`)
     device_budget: int | None = None  # bytes of device memory a window may take; None: half the free memory
     precision: str = os.environ.get("JASK_PRECISION", "highest")  # float32 contractions (matmul precision)
     durability: str = os.environ.get("JASK_DURABILITY", "process")  # "power": fsync around commits (jask.io.durable)
@@ -80,6 +81,8 @@ def update(name: str, value) -> None:
         import jax
         if not isinstance(value, jax.Device):
             raise TypeError(f"device must be a jax.Device (e.g. jax.devices()[0]) or None, got {value!r}")
+    elif name == "devices" and value is not None:
+        value = _check_devices(value)
     elif name == "precision" and value not in PRECISIONS:
         raise ValueError(f"unknown matmul precision {value!r}; choose one of {PRECISIONS}")
     elif name == "backend" and value != "auto" and value not in registry.names():
@@ -92,6 +95,35 @@ def update(name: str, value) -> None:
     elif name == "scratch_dir" and value is not None:
         scratch.check_scratch_dir(value, config.allow_tmpfs)
     setattr(config, name, value)
+
+
+def _check_devices(value):
+    """The ``devices`` setting as stored: ``"all"``, or a tuple of distinct devices of one platform.
+
+    A ``jax.sharding.Mesh`` gives its devices in mesh order.
+    """
+    import jax
+    if isinstance(value, str):
+        if value != "all":
+            raise ValueError(f"devices must be 'all', None or a list of jax.Device, got {value!r}")
+        return value
+    if isinstance(value, jax.sharding.Mesh):
+        value = list(value.devices.flat)
+    try:
+        devices = tuple(value)
+    except TypeError:
+        raise TypeError(f"devices must be 'all', None or a list of jax.Device, got {value!r}") from None
+    if not devices:
+        raise ValueError("devices must not be empty; use None for the single compute device")
+    bad = [d for d in devices if not isinstance(d, jax.Device)]
+    if bad:
+        raise TypeError(f"devices must be jax.Device objects (e.g. jax.devices()[:4]), got {bad[0]!r}")
+    if len(set(devices)) != len(devices):
+        raise ValueError(f"devices lists a device twice: {[str(d) for d in devices]}")
+    platforms = sorted({d.platform for d in devices})
+    if len(platforms) > 1:
+        raise ValueError(f"devices must share one platform, got {platforms}")
+    return devices
 
 
 def set_memory_budget(budget, scratch_dir=None, allow_tmpfs: bool = False, device_budget=None) -> None:

@@ -90,7 +90,6 @@ def test_callback_that_cannot_reach_the_device_computes_on_the_host(small_tiles,
         platform = "gpu"
 
     fake = FakeAccelerator()
-    monkeypatch.setattr(executor, "compute_device", lambda: fake)
     monkeypatch.setattr(devices, "compute_device", lambda: fake)
     monkeypatch.setattr(executor, "callback_can_use", lambda d: d is not fake)
     monkeypatch.setattr(devices, "_warned", set())

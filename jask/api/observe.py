@@ -42,7 +42,11 @@ class Profile(events.Stats):
     - ``output_tiles``: tiles the executed plans produced (a ``sum`` over an
       8-tile grid produces 1; the inherited ``tiles`` is the same number);
     - ``input_tiles_read``: tiles read from stored arrays (8 for that ``sum``);
-    - ``bytes_read`` / ``bytes_written``: bytes moved from and to Zarr stores.
+    - ``bytes_read`` / ``bytes_written``: bytes moved from and to Zarr stores;
+    - ``bytes_by_device`` / ``tiles_by_device`` / ``windows_by_device``: per
+      device of a pass spread over several (``jask.config.update("devices",
+      ...)``), the bytes and tiles read for the windows it computed, and those
+      windows (host copies and custom ops count for the first device).
 
     Memory. ``peak_rss_bytes`` is the high-water mark of the process's resident
     memory during the block (Linux resets it on entry through
@@ -85,6 +89,14 @@ class Profile(events.Stats):
     def working_set_bytes(self) -> int:
         return max(self.peak_rss_bytes - self.rss_at_entry_bytes, 0)
 
+    def device_lines(self) -> list[str]:
+        """``cpu:0 read 4.0 MiB (12 tiles, 3 windows)``, one line per device, when several computed."""
+        if len(self.windows_by_device) < 2:
+            return []
+        return [f"{d} read {fmt_bytes(self.bytes_by_device.get(d, 0))} "
+                f"({_plural(self.tiles_by_device.get(d, 0), 'tile')}, {_plural(n, 'window')})"
+                for d, n in sorted(self.windows_by_device.items(), key=lambda kv: str(kv[0]))]
+
     def memory_line(self) -> str:
         """``peak RSS 310 MiB = runtime baseline 250 MiB + jask 60 MiB (budget 61 MiB)``."""
         if self.peak_rss_is_lifetime:
@@ -122,6 +134,7 @@ class Profile(events.Stats):
         lines = [", ".join(parts),
                  f"{_plural(self.windows, 'window')}, {_plural(self.kernel_calls, 'kernel call')}{fallback} "
                  f"on {devices}",
+                 *self.device_lines(),
                  f"I/O {self.io_seconds:.3g} s (waited {self.io_wait_seconds:.3g} s, "
                  f"{100 * self.io_wait_seconds / wall:.0f}% of wall), compute {self.compute_seconds:.3g} s",
                  self.memory_line()]

@@ -3,6 +3,8 @@
     python -m jask.bench --quick                # every workload, small, < 2 minutes; writes bench-out/
     python -m jask.bench --workload=sum,elementwise --gib=0.5,2 --budget=256MB --repeat=3
     python -m jask.bench --workload=dot --n=4096,8192 --cache=warm
+    python -m jask.bench --workload=sum,dot --devices=1,2,4     # jask on 1, 2 and 4 local devices
+    python -m jask.bench --workload=sum --processes=1,2         # and as 2 jax.distributed processes
     python -m jask.bench --store=s3 --remote_mib=256   # sum from a loopback S3 bucket vs raw GET
 
 Workloads (one module each in :mod:`jask.bench.workloads`): ``sum``,
@@ -65,6 +67,11 @@ flags.DEFINE_enum("isolate", "task", ["task", "system"], "One subprocess per sys
 flags.DEFINE_boolean("keep_data", False, "Keep the benchmark stores.")
 flags.DEFINE_float("timeout", 1800.0, "Seconds before a system's subprocess is killed.")
 flags.DEFINE_boolean("report_only", False, "Rebuild results.md and the plots from --out's results.json.")
+flags.DEFINE_list("devices", ["1"], "jask runs once per count of local devices a pass spreads over, e.g. "
+                  "1,2,4 (reported as jask, jask-2dev, jask-4dev with ratios to one device); on a CPU-only "
+                  "machine the child process gets that many forced host devices.")
+flags.DEFINE_list("processes", ["1"], "jask also runs as this many processes of a jax.distributed run on "
+                  "loopback (CPU collectives), e.g. 1,2,4 (reported as jask-2proc, ...; process 0's figures).")
 flags.DEFINE_enum("durability", "process", ["process", "power"], "jask.config durability in every system's "
                   "subprocess (JASK_DURABILITY): 'power' fsyncs each committed store (to_zarr, update_).")
 flags.DEFINE_float("rtol", 2e-3, "Relative tolerance for results agreeing between systems.")
@@ -146,6 +153,10 @@ class Suite:
 
     def add(self, case: dict, raw: dict, W):
         system = raw.get("task", {}).get("system") or raw.get("system")
+        if system == "jask" and raw.get("task", {}).get("devices", 1) > 1:
+            system = f"jask-{raw['task']['devices']}dev"
+        if system == "jask" and raw.get("task", {}).get("processes", 1) > 1:
+            system = f"jask-{raw['task']['processes']}proc"
         entry = dict(case, system=system)
         if "skipped" in raw:
             entry["skipped"] = raw["skipped"]
@@ -180,7 +191,8 @@ def _print_case_rows(rows):
             agree = {True: "ok", False: "MISMATCH", None: "-"}[e.get("agrees")]
             print(f"    {name:<12} {e['median_s']:8.3f} s  (min {e['min_s']:.3f}, max {e['max_s']:.3f}, "
                   f"{e['runs']} runs)  {rate:8.2f} {e['unit']}  peak RSS +{e['peak_rss_growth_mb']:.0f} MB  "
-                  f"read {e['read_gb']:.2f} GB  wrote {e['written_gb']:.2f} GB  check {agree}", flush=True)
+                  f"read {e['read_gb']:.2f} GB  wrote {e['written_gb']:.2f} GB  check {agree}"
+                  + (f"  {e['over_one_device']:.2f}x jask" if "over_one_device" in e else ""), flush=True)
 
 
 def finish_case(entries, W):
@@ -199,6 +211,8 @@ def finish_case(entries, W):
     for e in ran:
         if jask and e["rate"]:
             e["jask_over"] = jask["rate"] / e["rate"]
+        if jask and jask["rate"] and e["system"].startswith("jask-"):
+            e["over_one_device"] = e["rate"] / jask["rate"]
     if jask:
         for limit in (W.LIMIT, "memcpy"):
             lim = next((e for e in ran if e["system"] == limit), None)
@@ -206,9 +220,24 @@ def finish_case(entries, W):
                 jask.setdefault("jask_over_limit", {})[limit] = jask["rate"] / lim["rate"]
 
 
-def run_suite(suite: Suite):
-    systems = _selected_peers()
-    budget = suite.budget
+def _counts(values, flag: str) -> list[int]:
+    try:
+        counts = sorted({int(n) for n in values} | {1})
+    except ValueError:
+        raise app.UsageError(f"--{flag} takes counts like 1,2,4, got {values}") from None
+    if counts[0] < 1:
+        raise app.UsageError(f"--{flag} counts must be at least 1, got {values}")
+    return counts
+
+
+def _jask_variants() -> list[tuple[int, int]]:
+    """``(devices, processes)`` of each jask run: one device and process, then each extra count."""
+    return ([(1, 1)] + [(n, 1) for n in _counts(FLAGS.devices, "devices")[1:]]
+            + [(1, p) for p in _counts(FLAGS.processes, "processes")[1:]])
+
+
+def _run_settings(suite: Suite):
+    """Data folder (checked), its filesystem, whether it is in RAM, isolation, repeats, warm-ups."""
     data_dir = os.path.abspath(FLAGS.data_dir)
     os.makedirs(data_dir, exist_ok=True)
     from jask.io.scratch import filesystem_type
@@ -220,7 +249,17 @@ def run_suite(suite: Suite):
     repeat = 1 if FLAGS.quick else FLAGS.repeat
     warmup = 0 if FLAGS.quick else FLAGS.warmup
     suite.meta.update(data_dir=data_dir, data_fs=fstype, layout=FLAGS.layout, isolate=isolate, repeat=repeat,
-                      warmup=warmup, time_cap=FLAGS.time_cap, backend=FLAGS.backend, durability=FLAGS.durability)
+                      warmup=warmup, time_cap=FLAGS.time_cap, backend=FLAGS.backend, durability=FLAGS.durability,
+                      jask_variants=_jask_variants())
+    return data_dir, fstype, on_ram, isolate, repeat, warmup
+
+
+def run_suite(suite: Suite):
+    systems = _selected_peers()
+    variants = _jask_variants()
+    labels = ["jask", *(f"jask-{d}dev" if d > 1 else f"jask-{p}proc" for d, p in variants[1:]), *systems[1:]]
+    data_dir, fstype, on_ram, isolate, repeat, warmup = _run_settings(suite)
+    budget = suite.budget
     pending = []   # (case, entries, tasks, W) for isolate == "system"
     for name in FLAGS.workload:
         W = workloads.get(name.strip())
@@ -242,16 +281,17 @@ def run_suite(suite: Suite):
                     if reason:
                         entries.append(suite.add(case, {"system": system, "skipped": reason}, W))
                         continue
-                    tasks.append(harness.Task(
+                    tasks += [harness.Task(
                         workload=W.NAME, size=params["label"], params=params, system=system, paths=paths,
-                        work_dir=os.path.join(root, f"work-{system}-{cache}"), cache=cache, repeat=repeat,
-                        warmup=warmup, budget=budget, tile=tile, backend=FLAGS.backend,
-                        time_cap=FLAGS.time_cap, allow_tmpfs=on_ram))
+                        work_dir=os.path.join(root, f"work-{system}-{d}-{pr}-{cache}"), cache=cache, repeat=repeat,
+                        warmup=warmup, budget=budget, tile=tile, backend=FLAGS.backend, time_cap=FLAGS.time_cap,
+                        allow_tmpfs=on_ram, devices=d, processes=pr)
+                        for d, pr in (variants if system == "jask" else [(1, 1)])]
                 if isolate == "task":
                     for task in tasks:
                         (raw,) = harness.run_tasks([task], timeout=FLAGS.timeout)
                         entries.append(suite.add(case, raw, W))
-                    report.order(entries, systems)
+                    report.order(entries, labels)
                     finish_case(entries, W)
                     _print_case_rows(entries)
                     suite.save()
@@ -274,7 +314,7 @@ def run_suite(suite: Suite):
             for (t, case, entries, W), raw in zip(group, raws):
                 entries.append(suite.add(case, raw, W))
         for case, entries, tasks, W in pending:
-            report.order(entries, systems)
+            report.order(entries, labels)
             finish_case(entries, W)
             print(f"{case['workload']} {case['size']}, {case['cache']} cache, tile {case['tile']}:")
             _print_case_rows(entries)

@@ -64,6 +64,8 @@ class Task:
     backend: str = "auto"
     time_cap: float = 60.0
     allow_tmpfs: bool = False
+    devices: int = 1               # jask: local devices a pass spreads over (CPU: forced host devices)
+    processes: int = 1             # jask: processes of a jax.distributed run on loopback sharing each pass
 
 
 # ---------------------------------------------------------------- memory and I/O counters
@@ -165,7 +167,8 @@ def measure(task: Task) -> dict:
         result["run_peaks"].append(hwm() - base)
         checked_first()
     for i in range(task.repeat):
-        if result["times"] and spent + result["times"][-1] > task.time_cap:
+        # processes of one run stay in step (their passes meet in collectives): no time cap there
+        if result["times"] and spent + result["times"][-1] > task.time_cap and task.processes == 1:
             break
         prepare_cache(runner, task.cache)
         gc.collect()
@@ -192,6 +195,12 @@ def measure(task: Task) -> dict:
 def child_main(tasks_file: str, results_file: str) -> None:
     with open(tasks_file) as f:
         tasks = [Task(**t) for t in json.load(f)]
+    if os.environ.get("JASK_BENCH_COORDINATOR"):     # one process of a jax.distributed run (run_tasks)
+        import jax
+        jax.config.update("jax_cpu_collectives_implementation", "gloo")
+        jax.distributed.initialize(coordinator_address=os.environ["JASK_BENCH_COORDINATOR"],
+                                   num_processes=tasks[0].processes,
+                                   process_id=int(os.environ["JASK_BENCH_PROCESS"]))
     results = []
     for task in tasks:
         try:
@@ -216,30 +225,72 @@ def run_tasks(tasks: list[Task], timeout: float = 1800.0) -> list[dict]:
 
     A task the child did not finish (a crash, an out-of-memory kill, the
     timeout) gets a result with ``error`` set, holding the end of the child's
-    stderr.
+    stderr. Tasks with ``processes > 1`` run in that many children joined by
+    ``jax.distributed`` on loopback; process 0's measurements are reported.
     """
-    with tempfile.TemporaryDirectory(prefix="jask-bench-") as d:
-        tin, tout = os.path.join(d, "tasks.json"), os.path.join(d, "results.json")
-        with open(tin, "w") as f:
-            json.dump([dataclasses.asdict(t) for t in tasks], f)
-        env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL=os.environ.get("TF_CPP_MIN_LOG_LEVEL", "2"))
-        err = None
-        try:
-            proc = subprocess.run([sys.executable, "-m", "jask.bench.harness", tin, tout], env=env,
-                                  stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, timeout=timeout)
-            if proc.returncode != 0:
-                err = f"child exited with status {proc.returncode}: " + _tail(proc.stderr)
-        except subprocess.TimeoutExpired as e:
-            err = f"child timed out after {timeout:.0f} s: " + _tail(e.stderr)
-        results = []
-        if os.path.exists(tout):
-            with open(tout) as f:
-                results = json.load(f)
-    for task in tasks[len(results):]:
-        results.append({"task": dataclasses.asdict(task), "error": err or "no result"})
+    results = []
+    for batch in _batches(tasks):
+        results += _run_batch(batch, timeout)
     for task in tasks:
         shutil_rm(task.work_dir)
     return results
+
+
+def _batches(tasks):
+    """Consecutive tasks with the same process count, in order."""
+    out = []
+    for t in tasks:
+        if out and out[-1][0].processes == t.processes:
+            out[-1].append(t)
+        else:
+            out.append([t])
+    return out
+
+
+def _run_batch(tasks: list[Task], timeout: float) -> list[dict]:
+    n = tasks[0].processes
+    with tempfile.TemporaryDirectory(prefix="jask-bench-") as d:
+        tin = os.path.join(d, "tasks.json")
+        outs = [os.path.join(d, f"results-{i}.json") for i in range(n)]
+        with open(tin, "w") as f:
+            json.dump([dataclasses.asdict(t) for t in tasks], f)
+        env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL=os.environ.get("TF_CPP_MIN_LOG_LEVEL", "2"))
+        n_devices = max(t.devices for t in tasks)
+        if n_devices > 1 and "xla_force_host_platform_device_count" not in env.get("XLA_FLAGS", ""):
+            # on a CPU-only machine the child gets this many host devices (accelerators ignore it)
+            env["XLA_FLAGS"] = f"{env.get('XLA_FLAGS', '')} --xla_force_host_platform_device_count={n_devices}".strip()
+        if n > 1:
+            env.update(JASK_BENCH_COORDINATOR=f"127.0.0.1:{_free_port()}", JAX_PLATFORMS="cpu")
+        procs = [subprocess.Popen([sys.executable, "-m", "jask.bench.harness", tin, outs[i]],
+                                  env=dict(env, JASK_BENCH_PROCESS=str(i)), stdout=subprocess.PIPE,
+                                  stderr=subprocess.PIPE, text=True) for i in range(n)]
+        err = None
+        try:
+            for i, proc in enumerate(procs):
+                _, stderr = proc.communicate(timeout=timeout)
+                if proc.returncode != 0 and err is None:
+                    err = f"child {i} exited with status {proc.returncode}: " + _tail(stderr)
+        except subprocess.TimeoutExpired as e:
+            err = f"child timed out after {timeout:.0f} s: " + _tail(e.stderr)
+        finally:
+            for proc in procs:
+                if proc.poll() is None:
+                    proc.kill()
+                    proc.wait()
+        results = []
+        if os.path.exists(outs[0]):
+            with open(outs[0]) as f:
+                results = json.load(f)
+    for task in tasks[len(results):]:
+        results.append({"task": dataclasses.asdict(task), "error": err or "no result"})
+    return results
+
+
+def _free_port() -> int:
+    import socket
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
 
 
 def _tail(text, n=1500) -> str:

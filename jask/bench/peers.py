@@ -131,6 +131,12 @@ class JaskRunner(Runner):
         jask.set_memory_budget(self.task.budget, scratch_dir=scratch, allow_tmpfs=self.task.allow_tmpfs)
         jask.config.update("tile", int(self.task.tile))
         jask.config.update("backend", self.task.backend)
+        n = int(getattr(self.task, "devices", 1))
+        if n > 1:
+            have = self.jax.devices()
+            if len(have) < n:
+                raise RuntimeError(f"--devices asks for {n} devices but this process has {len(have)}: {have}")
+            jask.config.update("devices", have[:n])
 
     def run(self):
         stats = self._stats_cls()

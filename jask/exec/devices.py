@@ -21,10 +21,26 @@ DEVICE_SHARE = 0.5   # of the device's free memory a window may take by default 
 
 
 def compute_device():
-    """The device kernels run on: ``jask.config.update("device", d)``, else the default backend's first."""
+    """The first device kernels run on: ``jask.config.update("device", d)``, else the first of ``devices``,
+    else the default backend's first device."""
     if config.device is not None:
         return config.device
-    return jax.devices()[0]
+    if isinstance(config.devices, tuple):
+        return config.devices[0]
+    return jax.local_devices()[0]   # jax.devices()[0] in one process; this process's own in several
+
+
+def compute_devices() -> list:
+    """The devices a pass spreads its windows over (``jask.config.update("devices", [...])``).
+
+    Default: only :func:`compute_device` (one device, as before multi-device
+    passes existed); ``"all"``: every device of the compute device's platform.
+    """
+    if config.devices is None:
+        return [compute_device()]
+    if config.devices == "all":
+        return list(jax.local_devices(backend=compute_device().platform))
+    return list(config.devices)
 
 
 def device_budget() -> int:

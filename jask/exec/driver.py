@@ -15,11 +15,12 @@ import jax
 import numpy as np
 
 from jask import kernels
-from jask.exec import events
-from jask.exec.devices import compute_device
-from jask.exec.executor import Executor, region_bytes, usable_device, window_limit
-from jask.exec.schedule import window_input_bytes, windows
-from jask.exec.sinks import ScratchSink
+from jask.exec import events, multihost
+from jask.exec.devices import compute_device, compute_devices
+from jask.exec.executor import Executor, region_bytes, usable_devices, window_limit
+from jask.exec.run_windows import kernels_cache
+from jask.exec.schedule import spread, window_input_bytes
+from jask.exec.sinks import PathSink, ScratchSink
 from jask.graph.nodes import Node, OpNode
 from jask.graph.op import CustomOp
 from jask.graph.tiling import grid, region
@@ -41,20 +42,23 @@ def explain(nodes) -> str:
     """The plan a sink would run for these nodes: tile edge, stages, fused ops, projected memory, I/O."""
     p = make_plan(nodes)
     read, written, n_windows = planned_io(p)
+    devices = compute_devices()
+    where = str(devices[0]) if len(devices) == 1 else f"{len(devices)} devices ({', '.join(map(str, devices))})"
     return (p.describe() + f"\n  {n_windows} window{'s' * (n_windows != 1)} of at most "
-            f"{human_bytes(window_limit(p))} on {compute_device()} ({kernels.backend_name()} kernels); "
+            f"{human_bytes(window_limit(p, len(devices)))} on {where} ({kernels.backend_name()} kernels); "
             f"reads {human_bytes(read)}, writes {human_bytes(written)}")
 
 
 def planned_io(p: Plan) -> tuple[int, int, int]:
     """Bytes the plan reads from stored arrays and writes for its stages, and its windows (from its schedule)."""
     read = written = n_windows = 0
-    limit, batch = window_limit(p), window_input_bytes(compute_device())
+    n = len(compute_devices())
+    limit, batch = window_limit(p, n), window_input_bytes(compute_device())
     for group in p.groups:
         if isinstance(p.prepared[id(group[0])].op, CustomOp):
             continue
         indices = itertools.product(*map(range, grid(group[0].shape, p.tile)))
-        for w in windows(p, group, indices, limit, batch):
+        for _, w in spread(p, group, indices, limit, batch, n):
             n_windows += 1
             read += sum(region_bytes(store, reg) for _, (store, reg) in w.reads)
         written += sum(nbytes(n) for n in group if n.shape != ())
@@ -104,9 +108,9 @@ def run(roots, make_sinks=None):
     try:
         p = make_plan(roots + extra)
         # Inside jit this runs in io_callback, whose default device is the host CPU: name ours.
-        device = usable_device()
-        with jax.default_device(device):
-            return _run(p, roots, make_sinks, device)
+        devices = usable_devices()
+        with jax.default_device(devices[0]):
+            return _run(p, roots, make_sinks, devices)
     except BaseException:
         store_with_next_run([n for n in extra if n.result is None])   # still wanted
         raise
@@ -119,10 +123,11 @@ def run(roots, make_sinks=None):
             malloc.release_free_memory()
 
 
-def _run(p: Plan, roots, make_sinks, device=None):
+def _run(p: Plan, roots, make_sinks, devices=None):
     for listener in events.listeners:
         listener.saw_plan(p)
-    ex = Executor(p, device)
+    ex = Executor(p, devices)
+    many = multihost.processes()[1] > 1     # a jax.distributed run: passes shared between processes
     root_ids = {id(r.resolved()): i for i, r in enumerate(roots)}
     results = [None] * len(roots)
     for i, r in enumerate(roots):
@@ -131,7 +136,9 @@ def _run(p: Plan, roots, make_sinks, device=None):
             if rr.shape == ():
                 results[i] = np.asarray(ex.tile_of(rr, ()))
             elif make_sinks is not None:
-                results[i] = _copy(ex, rr, make_sinks(r, p.tile))
+                sink = make_sinks(r, p.tile)
+                results[i] = _copy(ex, rr, multihost.SharedPathSink(sink, multihost._next_key(), shared=False)
+                                   if many and isinstance(sink, PathSink) else sink)
             else:
                 results[i] = rr
     for group in p.groups:
@@ -139,8 +146,7 @@ def _run(p: Plan, roots, make_sinks, device=None):
         i = root_ids.get(id(node))
         if node.shape == () and i is not None:
             try:
-                ((_, _, value),) = ex.run_windows(group, [()])
-                results[i] = np.asarray(value)
+                results[i] = _scalar(p, ex, group, many)
                 events.count(tiles=1)
             except Exception as e:
                 e.add_note(f"while computing {p.prepared[id(node)].name} {node.dtype} scalar")
@@ -148,8 +154,11 @@ def _run(p: Plan, roots, make_sinks, device=None):
             continue
         sinks = [make_sinks(n, p.tile) if (id(n) in root_ids and make_sinks is not None)
                  else ScratchSink(n, p.tile) for n in group]
+        share, exchange = (0, 1), None
+        if many:
+            sinks, share, exchange = multihost.wrap_sinks(p, group, sinks, p.tile)
         try:
-            ex.compute(group, sinks)
+            ex.compute(group, sinks, share, exchange)
         except BaseException:
             for sink in sinks:
                 sink.abort()
@@ -165,6 +174,18 @@ def _run(p: Plan, roots, make_sinks, device=None):
             if id(n) in root_ids:
                 results[root_ids[id(n)]] = out
     return results
+
+
+def _scalar(p: Plan, ex: Executor, group, many: bool):
+    """A scalar root's value; in a multi-process run each process folds its share, then all fold alike."""
+    if not many:
+        ((_, _, value),) = ex.run_windows(group, [()])
+        return np.asarray(value)
+    node = group[0]
+    got = list(ex.run_windows(group, [()], multihost.processes()))
+    value = multihost.fold_scalar(np.asarray(got[0][2]) if got else None,
+                                  kernels_cache.combine(p.prepared[id(node)].op), node.dtype)
+    return np.zeros((), node.dtype) if value is None else np.asarray(value, node.dtype)
 
 
 def _copy(ex: Executor, node: Node, sink):

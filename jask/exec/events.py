@@ -26,10 +26,22 @@ class Stats:
     plans: int = 0
     peak_projected_bytes: int = 0
     devices: frozenset = frozenset()   # the devices kernels ran on
+    # Per device of a multi-device pass (jask.config.update("devices", ...)): bytes and tiles read
+    # from stored arrays for the windows each device computed, and those windows.
+    bytes_by_device: dict = dataclasses.field(default_factory=dict)
+    tiles_by_device: dict = dataclasses.field(default_factory=dict)
+    windows_by_device: dict = dataclasses.field(default_factory=dict)
 
     def add(self, **counts) -> None:
         for k, v in counts.items():
-            setattr(self, k, getattr(self, k) | v if k == "devices" else getattr(self, k) + v)
+            if k == "devices":
+                self.devices = self.devices | v
+            elif k.endswith("_by_device"):
+                mine = getattr(self, k)
+                for device, n in v.items():
+                    mine[device] = mine.get(device, 0) + n
+            else:
+                setattr(self, k, getattr(self, k) + v)
 
     def saw_plan(self, p) -> None:
         self.plans += 1

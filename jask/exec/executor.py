@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import itertools
+import threading
 import time
 
 import jax
@@ -17,11 +18,12 @@ import numpy as np
 from jask import kernels
 from jask.config import config
 from jask.exec.custom import OOCAlgorithm
-from jask.exec.devices import callback_can_use, compute_device, device_budget, in_callback, warn_host_fallback
+from jask.exec.devices import callback_can_use, compute_devices, device_budget, in_callback, warn_host_fallback
 from jask.exec.events import count, count_wait
+from jask.exec.partials import Partials
 from jask.exec.progress import progress
-from jask.exec.run_windows import WindowRunner
-from jask.exec.schedule import window_input_bytes, windows
+from jask.exec.run_windows import WindowRunner, kernels_cache
+from jask.exec.schedule import spread, window_input_bytes
 from jask.graph.nodes import Node, OpNode, ScalarNode, StoredNode, ZerosNode
 from jask.graph.op import CustomOp
 from jask.graph.tiling import block_at, grid, region
@@ -42,25 +44,32 @@ RETAINED_READ_BUFFERS_SHARE = 4
 
 
 class Executor:
-    """Runs one plan: each stage window by window (:mod:`jask.exec.schedule`), writing finished tiles."""
+    """Runs one plan: each stage window by window (:mod:`jask.exec.schedule`), writing finished tiles.
 
-    def __init__(self, p: Plan, device=None):
+    With several ``devices`` each pass is spread over them (:func:`jask.exec.schedule.spread`):
+    each device computes a contiguous share of the windows; custom ops run on the first.
+    """
+
+    def __init__(self, p: Plan, devices=None):
         self.plan = p
         self.tile = p.tile
         self.backend = kernels.get_backend()
         self.backend.check_settings("+".join(p.prepared[id(n)].name for n in p.fused + p.stages))
-        self.device = device or compute_device()
+        self.devices = list(devices or compute_devices())
+        self.device = self.devices[0]
         # the host fallback inside a callback (see run) computes with the host's backend
         self.backend = kernels.backend_for(self.backend, self.device.platform)
         # On an accelerator the reader threads start each tile's host-to-device copy (asynchronous),
-        # so the next window's transfer overlaps this window's kernel; the host keeps NumPy tiles.
-        self.place = None if self.device.platform == "cpu" else (lambda x: jax.device_put(x, self.device))
+        # so the next window's transfer overlaps this window's kernel; the host keeps NumPy tiles
+        # (their buffers are recycled, so they are never handed to a CPU device without a copy).
+        self.place_on_reader = self.device.platform != "cpu"
 
     def read(self, node: StoredNode, idx):
         """One stored tile, read now (for custom ops and copies; passes read through the prefetcher)."""
         t0 = time.perf_counter()
         block = reader_for(node.store).read(region(idx, node.shape, self.tile))
-        count(bytes_read=block.nbytes, io_seconds=time.perf_counter() - t0)
+        count(bytes_read=block.nbytes, io_seconds=time.perf_counter() - t0,
+              bytes_by_device={self.device: block.nbytes}, tiles_by_device={self.device: 1})
         return block
 
     def tile_of(self, node: Node, idx):
@@ -75,8 +84,12 @@ class Executor:
         ((_, _, tile),) = self.run_windows([node], [tuple(idx)])
         return tile
 
-    def compute(self, nodes: list[OpNode], sinks) -> None:
-        """Compute a lockstep group (usually one node), window by window, writing each finished tile."""
+    def compute(self, nodes: list[OpNode], sinks, processes=(0, 1), exchange=None) -> None:
+        """Compute a lockstep group (usually one node), window by window, writing each finished tile.
+
+        ``processes=(i, n)``: compute only process i's share of n (a multi-host run);
+        ``exchange(tiles)`` turns that share's tiles into the ones to write.
+        """
         op = self.plan.prepared[id(nodes[0])].op
         if isinstance(op, CustomOp):
             algo = OOCAlgorithm(self, nodes[0], sinks[0])
@@ -95,24 +108,36 @@ class Executor:
             for node, sink in zip(nodes, sinks):
                 writer_of[id(node)] = stack.enter_context(
                     WriteBehind(sink, depth=WRITE_DEPTH, count=count if sink.counts_io else count_wait))
-            for node, idx, tile in self.run_windows(nodes, indices):
+            tiles = self.run_windows(nodes, indices, processes)
+            for node, idx, tile in (tiles if exchange is None else exchange(tiles)):
                 writer_of[id(node)].put(region(idx, node.shape, self.tile), tile, key=idx)
                 count(tiles=1)
                 bar.update(1, tile.nbytes)
 
-    def run_windows(self, group, indices):
+    def run_windows(self, group, indices, processes=(0, 1)):
         """Yield ``(node, idx, tile)`` for every tile of ``group`` at ``indices``, computed window by window.
 
-        One schedule (:func:`jask.exec.schedule.windows`) drives the reads and
+        One schedule (:func:`jask.exec.schedule.spread`) drives the reads and
         the kernel calls; the prefetcher reads the next window's tiles while the
-        current window computes.
+        current window computes. Each window runs on its share's device; reads
+        are counted for that device. ``processes=(i, p)``: only process i's share of p.
         """
-        sched = list(windows(self.plan, group, indices, window_limit(self.plan), window_input_bytes(self.device)))
-        requests = [r for w in sched for r in w.reads]
-        per_window = [[region_bytes(store, reg) for _, (store, reg) in w.reads] for w in sched]
+        n = len(self.devices)
+        sched = spread(self.plan, group, indices, window_limit(self.plan, n), window_input_bytes(self.device), n,
+                       processes[0] * n, processes[1] * n)
+        requests, place = self._placed_reads(sched)
+        per_window = [[region_bytes(store, reg) for _, (store, reg) in w.reads] for _, w in sched]
         depth = prefetch_depth([b for sizes in per_window for b in sizes], max(map(sum, per_window), default=0))
-        runner = WindowRunner(self.backend, self.device, {id(n) for n in group}, count)
-        with Prefetcher(requests, depth=depth, count=count, place=self.place,
+        ids = {id(nd) for nd in group}
+        runners = [WindowRunner(self.backend, d, ids, count) for d in self.devices]
+        partials = Partials(sched, self.devices, lambda nd: kernels_cache.combine(self.plan.prepared[id(nd)].op))
+        reading_for = [self.device]
+
+        def count_read(**counts):
+            dev = reading_for[0]
+            count(**counts, bytes_by_device={dev: counts.get("bytes_read", 0)}, tiles_by_device={dev: 1})
+
+        with Prefetcher(requests, depth=depth, count=count_read, place=place,
                         retain_bytes=config.memory_budget // RETAINED_READ_BUFFERS_SHARE) as stream:
             def take(key):
                 got, block = next(stream)
@@ -120,37 +145,62 @@ class Executor:
                     raise RuntimeError(f"read-ahead out of step: expected tile {key.tile}, got {got.tile}")
                 return block
 
-            for w in sched:
-                count(windows=1)
+            for share, w in sched:
+                reading_for[0] = self.devices[share]
+                count(windows=1, windows_by_device={self.devices[share]: 1})
                 t0 = time.perf_counter()
                 try:
-                    finished = runner.run(w, take)
+                    finished = runners[share].run(w, take)
                 except Exception as e:
-                    names = ", ".join(f"{self.plan.prepared[id(n)].name} tile {i}" for n, i in w.done[:3])
+                    names = ", ".join(f"{self.plan.prepared[id(nd)].name} tile {i}" for nd, i in w.done[:3])
                     e.add_note(f"while computing a window of {len(w.done)} tiles ({names}"
-                               f"{', ...' if len(w.done) > 3 else ''})")
+                               f"{', ...' if len(w.done) > 3 else ''}) on {self.devices[share]}")
                     raise
                 count(compute_seconds=time.perf_counter() - t0)
-                for node, idx, tile in finished:
-                    expected = block_at(node.shape, idx, self.tile)
-                    if tile is None:
-                        tile = np.zeros(expected, node.dtype)
-                    tile = tile.astype(node.dtype, copy=False) if isinstance(tile, np.ndarray) \
-                        else tile.astype(node.dtype)
-                    if tuple(tile.shape) != expected:
-                        raise ValueError(f"{self.plan.prepared[id(node)].name}.forward_block produced a tile of "
-                                         f"shape {tuple(tile.shape)} for output tile {tuple(idx)}, "
-                                         f"expected {expected}")
-                    yield node, idx, tile
+                for node, idx, tile in partials.finished(share, finished):
+                    yield node, idx, self._checked(node, idx, tile)
+
+    def _placed_reads(self, sched):
+        """The pass's read requests, and what the reader threads apply to each tile read (or None).
+
+        Each read goes to its window's device. The prefetcher calls ``place`` on
+        the reader thread that took the request from the iterator, so the
+        generator notes the device for that thread as it hands the request out.
+        """
+        if not self.place_on_reader:
+            return [r for _, w in sched for r in w.reads], None
+        target = threading.local()
+
+        def requests():
+            for share, w in sched:
+                for r in w.reads:
+                    target.device = self.devices[share]
+                    yield r
+
+        return requests(), lambda x: jax.device_put(x, target.device)
+
+    def _checked(self, node, idx, tile):
+        """A finished tile in the node's dtype and shape (zeros for a tile with no entries)."""
+        expected = block_at(node.shape, idx, self.tile)
+        if tile is None:
+            return np.zeros(expected, node.dtype)
+        tile = tile.astype(node.dtype, copy=False) if isinstance(tile, np.ndarray) else tile.astype(node.dtype)
+        if tuple(tile.shape) != expected:
+            raise ValueError(f"{self.plan.prepared[id(node)].name}.forward_block produced a tile of "
+                             f"shape {tuple(tile.shape)} for output tile {tuple(idx)}, expected {expected}")
+        return tile
 
 
-def usable_device():
-    """The compute device, or the host CPU inside a callback of a program that holds the accelerator."""
-    device = compute_device()
-    if device.platform == "cpu" or not in_callback() or callback_can_use(device):
-        return device
-    warn_host_fallback(device)
-    return jax.devices("cpu")[0]
+def usable_devices():
+    """The compute devices, less those a callback of a program holding them cannot use (host CPU if none)."""
+    devices = compute_devices()
+    if devices[0].platform == "cpu" or not in_callback():
+        return devices
+    usable = [d for d in devices if callback_can_use(d)]
+    if usable:
+        return usable
+    warn_host_fallback(devices[0])
+    return [jax.devices("cpu")[0]]
 
 
 def region_bytes(store, reg) -> int:
@@ -177,9 +227,11 @@ def prefetch_depth(sizes, window_bytes: int) -> int:
     return max(PREFETCH_DEPTH, len(sizes) if best is None else best)
 
 
-def window_limit(p: Plan) -> int:
+def window_limit(p: Plan, n_devices: int = 1) -> int:
     """Bytes one window may hold: the host budget, or the device's when that is smaller.
 
+    With several devices each keeps its own windows in flight, so each takes
+    ``1/n`` of the host budget (the device budget is per device already).
     Never below the plan's projection of one tile, so a plan that fits runs.
     """
-    return max(p.projected_bytes, min(config.memory_budget, device_budget()))
+    return max(p.projected_bytes, min(config.memory_budget // n_devices, device_budget()))

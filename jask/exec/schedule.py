@@ -243,7 +243,8 @@ def window_input_bytes(device) -> int:
     return WINDOW_INPUT_BYTES["cpu" if device.platform == "cpu" else "accelerator"]
 
 
-def windows(plan, group, indices, limit_bytes: int, batch_bytes: int = WINDOW_INPUT_BYTES["cpu"]):
+def windows(plan, group, indices, limit_bytes: int, batch_bytes: int = WINDOW_INPUT_BYTES["cpu"],
+            share: tuple[int, int] = (0, 1)):
     """Yield the :class:`Window`\\ s that compute ``indices`` of a lockstep ``group`` (usually one node).
 
     Output tiles come in the order given; a single node's tile with many entries
@@ -251,19 +252,21 @@ def windows(plan, group, indices, limit_bytes: int, batch_bytes: int = WINDOW_IN
     A window also stops growing once it reads ``batch_bytes`` of input: past
     that, one call's dispatch is small next to its data, and more tiles per
     call only hold more memory (see ``WINDOW_INPUT_BYTES``).
+
+    ``share=(d, n)`` schedules only the d-th of n contiguous, equal runs of the
+    pass's *units* (an output tile, or one entry of a reduction tile split into
+    entries), so n devices or processes each take a block of neighbouring tiles
+    (sequential reads) within one unit of each other. A reduction tile cut by a
+    share boundary is listed as done by each share that holds some of its
+    entries: each holds a partial, combined by whoever runs the shares.
     """
     stage_ids = {id(n) for n in group}
     draft = _Draft(plan, stage_ids)
-    for idx in indices:
-        idx = tuple(idx)
-        try:
-            per_node = [(n, entries_of(plan.prepared[id(n)], n, idx)) for n in group]
-        except Exception as e:
-            e.add_note(f"while scheduling tile {idx} of {' + '.join(plan.prepared[id(n)].name for n in group)}")
-            raise
-        if len(group) == 1 and len(per_node[0][1]) > 1:
+    for idx, per_node, (lo, hi) in _shared_tiles(plan, group, indices, share):
+        split = len(group) == 1 and len(per_node[0][1]) > 1
+        if split:
             node, entries = per_node[0]
-            for e in entries:
+            for e in entries[lo:hi]:
                 cost = draft.cost(node, idx, [e])
                 if draft.full(cost, limit_bytes, batch_bytes):
                     yield draft.seal()
@@ -289,3 +292,63 @@ def windows(plan, group, indices, limit_bytes: int, batch_bytes: int = WINDOW_IN
             draft.done.append((n, idx))
     if draft.entries or draft.done:
         yield draft.seal()
+
+
+def _shared_tiles(plan, group, indices, share):
+    """``(idx, per_node, (lo, hi))`` for each tile with units in share ``(d, n)``: entries ``lo:hi`` of a
+    split tile, ``(0, 1)`` for a whole one."""
+    d, n = share
+    if not 0 <= d < n:
+        raise ValueError(f"share {d} of {n} does not exist")
+    tiles = []
+    for idx in indices:
+        idx = tuple(idx)
+        try:
+            per_node = [(nd, entries_of(plan.prepared[id(nd)], nd, idx)) for nd in group]
+        except Exception as e:
+            e.add_note(f"while scheduling tile {idx} of {' + '.join(plan.prepared[id(nd)].name for nd in group)}")
+            raise
+        units = len(per_node[0][1]) if len(group) == 1 and len(per_node[0][1]) > 1 else 1
+        if n == 1:
+            yield idx, per_node, (0, units)
+        else:
+            tiles.append((idx, per_node, units))
+    total = sum(t[2] for t in tiles)
+    first, last, pos = total * d // n, total * (d + 1) // n, 0
+    for idx, per_node, units in tiles:
+        lo, hi = max(first - pos, 0), min(last - pos, units)
+        pos += units
+        if lo < hi:
+            yield idx, per_node, (lo, hi)
+
+
+def spread(plan, group, indices, limit_bytes: int, batch_bytes: int, n: int, first: int = 0,
+           total: int | None = None) -> list:
+    """``[(share, Window)]`` of shares ``first .. first + n - 1`` of ``total`` (default ``n``), in run order.
+
+    ``share`` counts from 0 for the first of them. Each share is a contiguous
+    block of the pass (:func:`windows` with ``share``), so each device reads
+    neighbouring tiles; the shares' windows interleave round-robin (share 0's
+    first window, share 1's first, ...), so every device has work in flight
+    while the host reads for the next. Processes of a multi-host run each take
+    ``n`` consecutive shares of ``n x processes``.
+    """
+    total = n if total is None else total
+    if total == 1:
+        return [(0, w) for w in windows(plan, group, indices, limit_bytes, batch_bytes)]
+    indices = [tuple(i) for i in indices]
+    shares = [list(windows(plan, group, indices, limit_bytes, batch_bytes, (first + d, total))) for d in range(n)]
+    return [(d, shares[d][r]) for r in range(max(map(len, shares))) for d in range(n) if r < len(shares[d])]
+
+
+def cuts_a_tile(plan, group, indices, parts: int) -> bool:
+    """Whether cutting the pass into ``parts`` shares splits some output tile's entries between two."""
+    units = [hi for _, _, (_, hi) in _shared_tiles(plan, group, indices, (0, 1))]
+    total = sum(units)
+    cuts = {total * p // parts for p in range(1, parts)}
+    pos = 0
+    for u in units:
+        if any(pos < c < pos + u for c in cuts):
+            return True
+        pos += u
+    return False

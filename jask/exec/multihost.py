@@ -1,0 +1,251 @@
+"""Passes shared between the processes of a ``jax.distributed`` run (many hosts, one store).
+
+Every process runs the same program and plans the same passes. A pass whose
+outputs can be shared is cut into one contiguous share per process
+(:func:`jask.exec.schedule.spread`): each process reads only its share's tiles.
+
+* A scalar root (a ``sum``, a loss): each process folds its partial; the
+  partials are gathered (``process_allgather``) and folded in process order,
+  so every process gets the same value.
+* An output to a local user path (``to_zarr``, ``update_``) in one-tile
+  chunks: process 0 creates the hidden staging folder, every process writes
+  its own tiles into it, and after a barrier process 0 commits it (the usual
+  atomic rename); a second barrier lets the others open the committed array.
+* A scratch stage (an intermediate the next pass reads): the same, in a store
+  in process 0's scratch folder that every process pins and reads (one host).
+* A small output that cannot be written so (in memory, or tiles a share
+  boundary cuts; a gradient of weights): each process computes its share, the
+  whole output is gathered and folded alike in every process, and each writes
+  it to its own sink.
+
+Other passes (in-memory results of large arrays, custom ops, sharded outputs,
+chunks spanning tiles, store URLs) run whole in every process, as in a single-process run;
+of those, only process 0 writes a user path. See DESIGN.md.
+"""
+from __future__ import annotations
+
+import itertools
+import os
+
+import jax
+import numpy as np
+
+from jask.config import config
+from jask.exec.events import count
+from jask.exec.schedule import cuts_a_tile
+from jask.graph.nodes import OpNode, StoredNode
+from jask.graph.tiling import block_at, block_shape, grid, region
+from jask.io import dtypes, faults
+from jask.io.remote import open_store
+from jask.io.writer import make_chunk_writer
+
+PATH_BYTES = 4096     # longest staging path process 0 can hand the others
+_sink_numbers = itertools.count()   # names barriers alike in every process (all run the same passes)
+
+
+def processes() -> tuple[int, int]:
+    """``(this process's index, process count)``; ``(0, 1)`` outside a ``jax.distributed`` run."""
+    return jax.process_index(), jax.process_count()
+
+
+def _mh():
+    from jax.experimental import multihost_utils
+    return multihost_utils
+
+
+class ProcessLostError(RuntimeError):
+    """A collective between the processes of a run failed: most often one of them stopped."""
+
+
+def _collective(what: str, fn, *args):
+    try:
+        return fn(*args)
+    except Exception as e:   # noqa: BLE001 -- gloo, the coordination service: all mean the run is broken
+        raise ProcessLostError(f"jask: process {jax.process_index()} of {jax.process_count()} could not "
+                               f"{what}: another process of the jax.distributed run failed or stopped "
+                               f"({type(e).__name__}: {(str(e).splitlines() or [''])[0][:300]})") from e
+
+
+def barrier(name: str, what: str = "reach a barrier") -> None:
+    """Wait until every process reached ``name``."""
+    _collective(f"{what} ({name})", _mh().sync_global_devices, name)
+
+
+def fold_scalar(value, combine, dtype):
+    """``value`` (this process's partial, or None) folded with every other process's, in process order."""
+    here = np.zeros((), dtype) if value is None else np.asarray(value, dtype)
+    flags = _collective("gather the partial results of a scalar", _mh().process_allgather,
+                        np.int32(value is not None))
+    parts = _collective("gather the partial results of a scalar", _mh().process_allgather, here)
+    acc = None
+    for flag, part in zip(np.asarray(flags).reshape(-1), np.asarray(parts)):
+        if flag:
+            acc = part if acc is None else np.asarray(combine(acc, part))
+    return acc
+
+
+def wrap_sinks(plan, group, sinks, tile):
+    """``(sinks, share, exchange)`` for a group in a multi-process run.
+
+    ``share`` is this process's share of the pass, or ``(0, 1)`` when every
+    process computes the whole group; ``exchange``, when not None, turns the
+    tiles of this process's share into every tile of the group (small outputs
+    that cannot be shared so, such as an in-memory result or tiles a process
+    boundary cuts: gathered and folded alike everywhere).
+    """
+    from jask.exec.sinks import PathSink, ScratchSink
+    index, count = processes()
+    indices = list(itertools.product(*map(range, grid(group[0].shape, tile))))
+    cut = cuts_a_tile(plan, group, indices, count)
+    whole_tiles = all(_one_tile_chunks(s, n, tile) for n, s in zip(group, sinks))
+    scratch_ok = one_host() and all(getattr(s, "adopt", True) for s in sinks if type(s) is ScratchSink)
+    if not cut and whole_tiles and all(type(s) is PathSink or (type(s) is ScratchSink and scratch_ok)
+                                       for s in sinks):
+        wrapped = [SharedPathSink(s, _next_key()) if isinstance(s, PathSink) else shared_scratch(s, tile)
+                   for s in sinks]
+        return wrapped, (index, count), None
+    wrapped = [SharedPathSink(s, _next_key(), shared=False) if isinstance(s, PathSink) else s for s in sinks]
+    small = sum(int(np.prod(n.shape)) * np.dtype(n.dtype).itemsize for n in group) <= config.memory_budget // 8
+    if small and len(group) == 1:
+        return wrapped, (index, count), lambda tiles: gather_tiles(plan, group[0], tile, tiles)
+    return wrapped, (0, 1), None
+
+
+_hosts: dict = {}
+
+
+def one_host() -> bool:
+    """Whether every process runs on this host (asked once per run, all processes together).
+
+    Shared scratch stages live in process 0's scratch folder; the sweep of stale
+    scratch folders (:func:`jask.io.scratch.remove_stale`) judges them by pid,
+    which means nothing on another host, so stages are shared only on one host.
+    """
+    if "one" not in _hosts:
+        import socket
+        import zlib
+        mine = np.uint32(zlib.crc32(socket.gethostname().encode()))
+        every = np.asarray(_collective("compare host names", _mh().process_allgather, mine))
+        _hosts["one"] = bool((every == mine).all())
+    return _hosts["one"]
+
+
+def _next_key() -> str:
+    return str(next(_sink_numbers))
+
+
+def _one_tile_chunks(sink, node, tile) -> bool:
+    """Whether ``sink`` writes a local folder in chunk files of one tile each (each written by one
+    process; a store URL, a shard or a chunk of several tiles is not shared)."""
+    from jask.io.store import PendingStore
+    pending = getattr(sink, "pending", None)
+    return (isinstance(pending, PendingStore) and pending.array.shards is None
+            and tuple(pending.array.chunks) == block_shape(node.shape, tile))
+
+
+def gather_tiles(plan, node, tile, tiles):
+    """Every tile of a small output: each process's tiles (partials where a boundary cut one),
+    gathered and folded in process order, so every process writes the same values."""
+    from jask.exec.run_windows import kernels_cache
+    full = np.zeros(node.shape, node.dtype)
+    held = np.zeros(grid(node.shape, tile), np.int32)
+    for _, idx, t in tiles:
+        full[region(idx, node.shape, tile)] = np.asarray(t)
+        held[idx] = 1
+    what = f"gather the tiles of {plan.prepared[id(node)].name} {node.shape}"
+    fulls = np.asarray(_collective(what, _mh().process_allgather, full))
+    helds = np.asarray(_collective(what, _mh().process_allgather, held))
+    combine = kernels_cache.combine(plan.prepared[id(node)].op)
+    for idx in itertools.product(*map(range, held.shape)):
+        acc = None
+        for p in range(helds.shape[0]):
+            if helds[p][idx]:
+                part = fulls[p][region(idx, node.shape, tile)]
+                acc = part if acc is None else np.asarray(combine(acc, part))
+        yield node, idx, (np.zeros(block_at(node.shape, idx, tile), node.dtype) if acc is None
+                          else np.asarray(acc, node.dtype))
+
+
+def shared_scratch(local, tile):
+    """A scratch stage written by every process into one store, which every process then reads.
+
+    Process 0 places it in its scratch folder (which the others must see: one
+    host, or a shared ``JASK_SCRATCH_DIR``) under a *retired* name, and every
+    process pins it, so the last process to let go deletes it
+    (:mod:`jask.io.pins`), never one still reading.
+    """
+    from jask.exec.sinks import PathSink
+    from jask.io import scratch
+    local.abort()                                   # the per-process store is not used
+    key = _next_key()
+    final = os.path.join(scratch.process_dir(), f".shared-{key}.zarr.jask-old-shared")
+    path = _collective("share a scratch stage's path", _broadcast_text, final if processes()[0] == 0 else "")
+    return SharedPathSink(PathSink(local.node, tile, path), key, adopt=local.node)
+
+
+class SharedPathSink:
+    """A :class:`~jask.exec.sinks.PathSink` written by every process, committed once by process 0.
+
+    ``shared=False``: the pass runs whole everywhere and only process 0 writes.
+    """
+
+    def __init__(self, sink, key: str, shared: bool = True, adopt=None):
+        self.sink, self.key, self.shared, self.adopt = sink, key, shared, adopt
+        self.index, _ = processes()
+        self.counts_io = shared or self.index == 0     # bytes this process writes
+        self.writer = self.array = None
+        if self.index != 0:
+            sink.pending.abort()            # its own staging folder is not used
+        if shared:
+            path = _collective(f"share the staging folder of {sink.pending.final_path}", _broadcast_text,
+                               sink.pending.tmp_path if self.index == 0 else "")
+            if self.index != 0:
+                import zarr
+                self.array = zarr.open_array(path, mode="r+")
+                self.writer = make_chunk_writer(self.array, path)
+
+    def write(self, reg, tile):
+        if self.index == 0:
+            self.sink.write(reg, tile)
+        elif self.shared:
+            block = dtypes.to_storage(np.asarray(tile))
+            if faults.hook is not None:     # the same fault points as the staging store's own writes
+                faults.fire("before_tile_write", path=self.sink.pending.final_path, region=reg)
+            if self.writer is not None:
+                self.writer.write(tuple(reg), block)
+            else:
+                self.array[tuple(reg)] = block
+
+    def finish(self):
+        if self.writer is not None:
+            self.writer.finish()           # this process's chunks are on disk
+        path = self.sink.pending.final_path
+        barrier(f"jask-written-{self.key}", f"finish writing {path} (it keeps its old version)")
+        out = self.sink.finish() if self.index == 0 else None
+        barrier(f"jask-committed-{self.key}", f"confirm the commit of {path}")
+        if out is None:   # a local folder or a store URL (remote pending stores name it final_path too)
+            out = open_store(self.sink.pending.final_path, "r+" if self.sink.writable else "r",
+                             getattr(self.sink.pending, "storage_options", None))
+        if self.adopt is None:
+            return out
+        # a shared scratch stage: pinned in every process before any may let go (the last one deletes it)
+        barrier(f"jask-opened-{self.key}", f"open the shared scratch stage {path}")
+        stored = StoredNode(out)
+        if isinstance(self.adopt, OpNode):
+            self.adopt.set_result(stored)
+        if self.index != 0:
+            count(arrays_written=1)                  # process 0's PathSink counted its own
+        return stored
+
+    def abort(self):
+        self.sink.abort()
+
+
+def _broadcast_text(text: str) -> str:
+    raw = text.encode()
+    if len(raw) > PATH_BYTES:
+        raise ValueError(f"staging path longer than {PATH_BYTES} bytes: {text[:200]}...")
+    buf = np.zeros(PATH_BYTES, np.uint8)
+    buf[:len(raw)] = np.frombuffer(raw, np.uint8)
+    out = np.asarray(_mh().broadcast_one_to_all(buf))
+    return bytes(out[out != 0]).decode()

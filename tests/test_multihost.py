@@ -1,0 +1,190 @@
+"""Processes of a ``jax.distributed`` run share a pass: each reads and writes only its share.
+
+The test starts N processes on loopback (``jax.distributed.initialize`` with a
+coordinator on 127.0.0.1, gloo CPU collectives), each running the same jask
+program over stores the test wrote, and stops them. Each prints JSON with its
+results and bytes read and written; the assertions are here. Targets (issue 16):
+the bytes read summed over the processes equal one process's bytes (no tile read
+twice), every process gets the same scalar results, and an output store is
+written once, by its tiles' owners, and committed once.
+"""
+import json
+import os
+import socket
+import subprocess
+import sys
+import textwrap
+
+import jax
+import numpy as np
+import pytest
+import zarr
+
+import jask
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+TILE = 4
+SHAPES = {"X": (32, 24), "Y": (32, 24), "W": (16, 12), "T": (32, 8)}
+
+WORKER = textwrap.dedent("""
+    import json, os, sys
+    import numpy as np, jax
+    pid, n, port, root = int(sys.argv[1]), int(sys.argv[2]), sys.argv[3], sys.argv[4]
+    jax.config.update("jax_cpu_collectives_implementation", "gloo")
+    jax.distributed.initialize(coordinator_address=f"127.0.0.1:{port}", num_processes=n, process_id=pid)
+    import jask
+    jask.config.update("tile", TILE)
+    X, Y, T = (jask.from_zarr(os.path.join(root, f"{k}.zarr")) for k in "XYT")
+    if sys.argv[5:] == ["devices"]:            # and each process spreads its share over its local devices
+        jask.config.update("devices", "all")
+        assert len(jax.local_devices()) == 2 and len(jax.devices()) == 2 * n, jax.devices()
+    elif len(sys.argv) > 5:                      # "kill": process 1 dies at its first tile write of update_
+        from jask.io import faults
+        W = jask.from_zarr(os.path.join(root, "W.zarr"), mode="r+")
+        def die(point, info):
+            if point == "before_tile_write" and pid == 1:
+                os._exit(9)
+        try:
+            with faults.armed(die):
+                W.update_(W * 2.0 + 1.0)
+            print("FINISHED", flush=True)
+        except Exception as e:
+            print("ERROR " + type(e).__name__ + ": " + str(e), flush=True)
+        os._exit(0)                            # JAX's own shutdown would wait for the lost process
+    out = {}
+    with jask.profile() as p:
+        out["sum"] = float(jask.sum(X))
+        out["sum_jit"] = float(jax.jit(jask.sum)(X))
+    out["sum_read"] = p.bytes_read
+    with jask.profile() as p:
+        ((X - Y) * 3.0 + X).to_zarr(os.path.join(root, "out.zarr"))
+    out["ew_read"], out["ew_written"] = p.bytes_read, p.bytes_written
+    with jask.profile() as p:                  # chunks of two tiles: computed whole, written by process 0
+        (X * 2.0).to_zarr(os.path.join(root, "big_chunks.zarr"), chunks=(2 * TILE, 2 * TILE))
+    out["big_chunks_written"] = p.bytes_written
+    W = jask.from_zarr(os.path.join(root, "W.zarr"), mode="r+")
+    with jask.profile() as p:
+        W.update_(W * 2.0 + 1.0)
+    out["update_read"], out["update_written"] = p.bytes_read, p.bytes_written
+    out["W_after"] = np.asarray(W).tolist()
+    w = jask.from_numpy(np.ones((24, 8), np.float32) / 10)
+    with jask.profile() as p:
+        loss, g = jax.jit(jax.value_and_grad(lambda w: jask.sum(jask.square(X @ w - T))))(w)
+        g = np.asarray(g)
+    out["loss"], out["grad"], out["grad_read"] = float(loss), g.tolist(), p.bytes_read
+    print("RESULT" + json.dumps(out), flush=True)
+""").replace("TILE", str(TILE))
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def run_processes(tmp_path, n, *extra, devices=1):
+    rng = np.random.default_rng(0)
+    data = {}
+    for name, shape in SHAPES.items():
+        data[name] = rng.standard_normal(shape).astype(np.float32)
+        z = zarr.create_array(str(tmp_path / f"{name}.zarr"), shape=shape, chunks=(TILE, TILE), dtype="float32")
+        z[:] = data[name]
+    script = tmp_path / "worker.py"
+    script.write_text(WORKER)
+    env = dict(os.environ, JAX_PLATFORMS="cpu", JASK_BACKEND="xla", JASK_SCRATCH_DIR=str(tmp_path),
+               PYTHONPATH=os.pathsep.join(filter(None, [ROOT, os.environ.get("PYTHONPATH")])))
+    env.pop("XLA_FLAGS", None)
+    if devices > 1:
+        env["XLA_FLAGS"] = f"--xla_force_host_platform_device_count={devices}"
+    port = _free_port()
+    procs = [subprocess.Popen([sys.executable, str(script), str(i), str(n), str(port), str(tmp_path), *extra],
+                              env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for i in range(n)]
+    outs = []
+    try:
+        for p in procs:
+            stdout, stderr = p.communicate(timeout=240)
+            if extra == ("kill",):
+                outs.append((p.returncode, stdout, stderr))
+                continue
+            lines = [ln for ln in stdout.splitlines() if ln.startswith("RESULT")]
+            assert p.returncode == 0 and lines, stdout[-2000:] + stderr[-3000:]
+            outs.append(json.loads(lines[0][len("RESULT"):]))
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+                p.wait()
+    return data, outs
+
+
+def check(data, outs, n, tmp_path, devices=1):
+    X, Y, W, T = (data[k] for k in "XYWT")
+    tile = TILE * TILE * 4
+    # every process gets the same scalars, and they are right
+    for key in ("sum", "sum_jit", "loss"):
+        assert len({o[key] for o in outs}) == 1, (key, [o[key] for o in outs])
+    np.testing.assert_allclose(outs[0]["sum"], X.sum(dtype=np.float64), rtol=1e-5, atol=1e-4)
+    w = np.ones((24, 8), np.float32) / 10
+    np.testing.assert_allclose(outs[0]["loss"], np.sum(np.square(X @ w - T), dtype=np.float64), rtol=1e-5)
+    want_g = 2 * X.T @ (X @ w - T)
+    for o in outs:
+        np.testing.assert_allclose(np.array(o["grad"]), want_g, rtol=1e-4, atol=1e-4)
+    # no tile read twice: the shares add up to one process's bytes, each within a tile of 1/n
+    for key, whole in (("sum_read", 2 * X.nbytes), ("ew_read", X.nbytes + Y.nbytes),
+                       ("ew_written", X.nbytes), ("update_read", W.nbytes), ("update_written", W.nbytes)):
+        got = [o[key] for o in outs]
+        assert sum(got) == whole, (key, got, whole)
+        assert all(abs(g - whole / n) <= 2 * tile for g in got), (key, got, whole)   # two arrays: a tile each
+    assert [o["big_chunks_written"] for o in outs] == [X.nbytes] + [0] * (n - 1)
+    np.testing.assert_array_equal(zarr.open_array(str(tmp_path / "big_chunks.zarr"), mode="r")[:], X * 2)
+    # the shared output store holds every process's tiles: one process's result bit for bit
+    jask.config.update("tile", TILE)
+    jask.config.update("backend", "xla")
+    x, y, w_, t = (jask.from_numpy(data[k]) for k in "XYWT")
+    # jit(value_and_grad): every pass is shared. Each share boundary (n x devices shares) costs at
+    # most one more read of the small operands (w twice, the T-sized residual) and of one block
+    # column of X (the gradient's output tiles of one X column split between two shares).
+    with jask.profile() as p:
+        _, g1 = jax.jit(jax.value_and_grad(lambda w: jask.sum(jask.square(x @ w - t))))(jask.from_numpy(w))
+        np.asarray(g1)
+    boundary, shares = 2 * w.nbytes + T.nbytes + X.shape[0] * TILE * 4, n * devices
+    got = [o["grad_read"] for o in outs]
+    assert p.bytes_read < sum(got) <= p.bytes_read + (shares - 1) * boundary, (got, p.bytes_read)
+    assert max(got) < p.bytes_read, (got, p.bytes_read)
+    one_ew, one_w = np.asarray((x - y) * 3.0 + x), np.asarray(w_ * 2.0 + 1.0)
+    out = zarr.open_array(str(tmp_path / "out.zarr"), mode="r")[:]
+    np.testing.assert_array_equal(out, one_ew)
+    np.testing.assert_allclose(out, (X - Y) * np.float32(3.0) + X, rtol=1e-6, atol=1e-6)
+    np.testing.assert_array_equal(zarr.open_array(str(tmp_path / "W.zarr"), mode="r")[:], one_w)
+    np.testing.assert_allclose(one_w, W * 2 + 1, rtol=1e-6)
+    for o in outs:
+        np.testing.assert_array_equal(np.array(o["W_after"], np.float32), one_w)
+    left = [f for f in os.listdir(tmp_path) if ".jask-" in f]
+    assert not left, f"staging folders left behind: {left}"
+
+
+def test_two_processes_share_every_pass(tmp_path):
+    data, outs = run_processes(tmp_path, 2)
+    check(data, outs, 2, tmp_path)
+
+
+@pytest.mark.slow
+def test_four_processes_share_every_pass(tmp_path):
+    data, outs = run_processes(tmp_path, 4)
+    check(data, outs, 4, tmp_path)
+
+
+@pytest.mark.slow
+def test_two_processes_of_two_devices_each_share_every_pass(tmp_path):
+    data, outs = run_processes(tmp_path, 2, "devices", devices=2)
+    check(data, outs, 2, tmp_path, devices=2)
+
+
+def test_a_process_killed_mid_pass_leaves_the_old_store_and_a_named_error(tmp_path):
+    data, outs = run_processes(tmp_path, 2, "kill")
+    (rc0, out0, err0), (rc1, _, _) = outs
+    assert rc1 == 9, "process 1 was to die at its first tile write"
+    assert "ERROR ProcessLostError" in out0 and "W.zarr" in out0 and "old version" in out0, out0 + err0[-2000:]
+    np.testing.assert_array_equal(zarr.open_array(str(tmp_path / "W.zarr"), mode="r")[:], data["W"])
+    left = [f for f in os.listdir(tmp_path) if ".jask-" in f]
+    assert not left, f"staging folders left behind: {left}"
