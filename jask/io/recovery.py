@@ -79,7 +79,8 @@ def sweep(path: str, keep_resumable: bool = True) -> list[str]:
     return removed
 
 
-def _swap_in_progress(path: str) -> bool:
+def swap_in_progress(path: str) -> bool:
+    """Whether a live process (not this one) is between the two renames of a swap of ``path``."""
     return any(_owner_alive(f) for kind in ("new-", "old-") for f in _siblings(path, kind))
 
 
@@ -87,6 +88,6 @@ def settle(path: str) -> None:
     """Recover ``path``; while it is missing because a live process is mid-swap, wait for that swap."""
     deadline = time.monotonic() + SWAP_WAIT_SECONDS
     recover(path)
-    while not os.path.exists(path) and _swap_in_progress(path) and time.monotonic() < deadline:
+    while not os.path.exists(path) and swap_in_progress(path) and time.monotonic() < deadline:
         time.sleep(0.005)
         recover(path)
