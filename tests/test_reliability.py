@@ -21,6 +21,7 @@ import subprocess
 import sys
 import threading
 import time
+import warnings
 from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
@@ -274,7 +275,8 @@ def test_resume_after_sigkill_computes_only_the_missing_tiles(zygotes, tmp_path,
         jask.from_zarr(os.path.join(d, "a.zarr"))            # recovery on a neighbour keeps the partial write
         assert len(_hidden(d)) == 1
         done = 16 if point == "before_commit" else k
-        with jask.profile() as prof:
+        with jask.profile() as prof, warnings.catch_warnings():
+            warnings.simplefilter("error", RuntimeWarning)       # resume=True takes it over: no warning
             path, want = _resumed_write(scenario, d)
         assert prof.tiles == 16 - done, (point, k)
         assert prof.bytes_read == full.bytes_read * (16 - done) // 16
@@ -286,6 +288,8 @@ def test_resume_after_sigkill_computes_only_the_missing_tiles(zygotes, tmp_path,
 
 
 def test_a_write_without_resume_removes_a_resumable_leftover(zygotes, tmp_path):
+    """A write without resume=True on a path a killed resumable write left: a RuntimeWarning says how far
+    it got and names resume=True, then the leftover is removed and the array computed afresh."""
     d = str(tmp_path / "k")
     rw.make_inputs("resume", d)
     (res,) = zygotes.run([dict(scenario="resume", dir=d, scratch=str(tmp_path / "scratch"),
@@ -293,9 +297,12 @@ def test_a_write_without_resume_removes_a_resumable_leftover(zygotes, tmp_path):
     assert res["signal"] == signal.SIGKILL and len(_hidden(d)) == 1
     jask.config.update("tile", rw.RESUME_TILE)
     a = jask.from_zarr(os.path.join(d, "a.zarr"))
-    with jask.profile() as prof:
+    with jask.profile() as prof, pytest.warns(RuntimeWarning) as caught:
         jask.to_zarr(a * 3.0, os.path.join(d, "out.zarr"))
     assert prof.tiles == 16 and _hidden(d) == []
+    (w,) = [str(c.message) for c in caught if "resumable" in str(c.message)]   # warned once, then removed
+    assert os.path.join(d, "out.zarr") in w and f"process {res['pid']}" in w
+    assert "5 of 16 chunks done" in w and "resume=True" in w
     np.testing.assert_array_equal(zarr.open_array(os.path.join(d, "out.zarr"), mode="r")[...], 3 * rw.A)
     removed = jask.cleanup_scratch(str(tmp_path / "scratch"))
     assert len(removed) == 1

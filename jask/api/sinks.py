@@ -75,7 +75,8 @@ def to_zarr(x, path, overwrite: bool = False, chunks=None, compressors=None, sha
     each chunk as it lands, and a later ``to_zarr`` of the same array to the
     same path with ``resume=True`` continues it, computing only the tiles not
     yet on disk (uncompressed, unsharded arrays; otherwise it starts afresh). A
-    write without it removes what a killed one left.
+    write without it removes what a killed one left, warning first
+    (``RuntimeWarning``: how many chunks it had done) when that was resumable.
     """
     _require("to_zarr", x)
     if compat.is_traced(x):
@@ -125,7 +126,8 @@ def update_(target: DiskArray, new_value, resume: bool = False) -> None:
     the old value; lazy arrays computed from it too. (On an object store, only
     in this process: elsewhere a read of the deleted old version raises
     ``MissingChunkError`` naming it, never a mix.) ``resume=True`` on a local
-    user store works as in :func:`to_zarr`: a killed update continues where it stopped.
+    user store works as in :func:`to_zarr`: a killed update continues where it stopped
+    (without it, a killed resumable update's partial folder is removed with a ``RuntimeWarning``).
     """
     if not isinstance(target, DiskArray) or target._node is None:
         raise TypeError("update_ must be called eagerly on a DiskArray (not inside jit)")

@@ -34,7 +34,7 @@ from jask.io import dtypes, durable, faults, scratch
 from jask.io.layout import check_shards, describe_region
 from jask.io.pins import Pin, drop_retired, folder_deleted, pin_current, remove_tree
 from jask.io.recovery import recover, settle, sweep
-from jask.io.resume import ChunkJournal, claim
+from jask.io.resume import ChunkJournal, claim, warn_before_removing
 from jask.io.writer import ChunkFileWriter, make_chunk_writer
 
 
@@ -208,6 +208,8 @@ class PendingStore:
         user = not scratch.in_scratch(self.final_path)
         if user:                                       # note the path, sweep what killed writers left
             scratch.record_target(self.final_path)
+            if not resume:
+                warn_before_removing(self.final_path)
             recover(self.final_path, keep_resumable=resume)
         early = durable.start_writeback if user and durable.mode() == "power" else None
         self.tmp_path = _sibling(self.final_path, "tmp")
