@@ -50,7 +50,8 @@ _EXPECTED = {
     "optim": {"p1.zarr": (P1, P1 - 0.5 * (P1 - A)), "p2.zarr": (P2, P2 - 0.5 * (P2 - B))},
 }
 SCENARIOS = tuple(_EXPECTED)
-RESUME_TILE = 2       # "resume", "resume-update" (not in SCENARIOS): to_zarr(2a + b) / w.update_(3w + a), 16 tiles
+RESUME_TILE = 2       # "resume", "resume-update", "resume-persist" (not in SCENARIOS): to_zarr(2a + b) /
+#                       w.update_(3w + a) / persist(2a + b, resume=True) then to_zarr(c * c - a): 16 tiles each
 
 
 def expected(scenario):
@@ -98,6 +99,10 @@ def run_scenario(scenario, folder):
     elif scenario == "resume":                            # killed, then continued by the parent
         jask.config.update("tile", RESUME_TILE)
         jask.to_zarr(a * 2.0 + b, p("out.zarr"), resume=True)
+    elif scenario == "resume-persist":                    # a resumable persist, then a write reading it
+        jask.config.update("tile", RESUME_TILE)
+        c = jask.persist(a * 2.0 + b, resume=True)
+        jask.to_zarr(c * c - a, p("out.zarr"))
     elif scenario == "resume-update":
         jask.config.update("tile", RESUME_TILE)
         w = jask.from_zarr(p("w.zarr"), mode="r+")

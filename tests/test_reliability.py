@@ -287,6 +287,57 @@ def test_resume_after_sigkill_computes_only_the_missing_tiles(zygotes, tmp_path,
     jask.cleanup_scratch(str(tmp_path / "scratch"))
 
 
+def test_resumed_persist_computes_only_the_missing_tiles(zygotes, tmp_path):
+    """persist(2a + b, resume=True) killed after k of 16 tiles, at its commit, or in the to_zarr reading it
+    afterwards: the same persist in this process (same scratch root) computes only the 16 - k tiles not
+    journaled, reading and writing only their share (0 once it was complete), and the result is exact."""
+    scratch_root = str(tmp_path / "scratch")
+    jask.set_memory_budget(config.memory_budget, scratch_dir=scratch_root)
+    jask.config.update("tile", rw.RESUME_TILE)
+    rw.make_inputs("resume", str(tmp_path / "full"))
+
+    def rerun(d):
+        a, b = (jask.from_zarr(os.path.join(d, n)) for n in ("a.zarr", "b.zarr"))
+        with jask.profile() as prof, warnings.catch_warnings():
+            warnings.simplefilter("error", RuntimeWarning)
+            c = jask.persist(a * 2.0 + b, resume=True)
+        jask.to_zarr(c * c - a, os.path.join(d, "out.zarr"))
+        return c, prof
+
+    c, full = rerun(str(tmp_path / "full"))
+    assert full.tiles == 16 and full.bytes_written > 0
+    resume_dir = os.path.join(scratch_root, "resume")
+    assert os.listdir(resume_dir) == [os.path.basename(c._node.store.path)]
+    del c
+    gc.collect()
+    assert os.listdir(resume_dir) == []                       # freed: deleted like any scratch store
+    points = [("after_tile_write", k) for k in (1, 8, 15)] + [("before_commit", 1), ("after_tile_write", 20)]
+    folders = [str(tmp_path / f"k{i}") for i in range(len(points))]
+    for d in folders:
+        rw.make_inputs("resume", d)
+    results = list(zygotes.run([dict(scenario="resume-persist", dir=d, scratch=scratch_root, fault=f"{p}:{k}")
+                                for (p, k), d in zip(points, folders)]))
+    assert all(res["signal"] == signal.SIGKILL for res in results), zygotes.log_tail()
+    jask.from_zarr(os.path.join(folders[0], "a.zarr"))            # the automatic sweeps keep them
+    scratch.remove_stale(scratch_root)
+    assert len(os.listdir(resume_dir)) == len(points)             # one partial or complete store per kill
+    for i, ((point, k), d) in enumerate(zip(points, folders)):
+        done = 16 if point == "before_commit" or k > 16 else k
+        c, prof = rerun(d)
+        assert prof.tiles == 16 - done, (point, k)
+        assert prof.bytes_read == full.bytes_read * (16 - done) // 16, (point, k)
+        assert prof.bytes_written == full.bytes_written * (16 - done) // 16, (point, k)
+        np.testing.assert_array_equal(np.asarray(c), 2 * rw.A + rw.B)
+        np.testing.assert_array_equal(zarr.open_array(os.path.join(d, "out.zarr"), mode="r")[...],
+                                      (2 * rw.A + rw.B) ** 2 - rw.A)
+        del c
+        gc.collect()
+        assert len(os.listdir(resume_dir)) == len(points) - 1 - i and _hidden(d) == [], (point, k)
+    removed = jask.cleanup_scratch(scratch_root)
+    assert all(os.path.basename(p).startswith("jask-") for p in removed)   # only the children's folders
+    assert not os.path.exists(resume_dir)
+
+
 def test_a_write_without_resume_removes_a_resumable_leftover(zygotes, tmp_path):
     """A write without resume=True on a path a killed resumable write left: a RuntimeWarning says how far
     it got and names resume=True, then the leftover is removed and the array computed afresh."""

@@ -7,6 +7,7 @@ import jax
 import numpy as np
 
 from jask.api.errors import OverBudgetError
+from jask.api.resumable import persist_resumable
 from jask.config import config
 from jask.exec.driver import run
 from jask.exec.progress import fmt_bytes
@@ -155,7 +156,7 @@ def update_(target: DiskArray, new_value, resume: bool = False) -> None:
     target._node = stored
 
 
-def persist(*arrays, defer: bool = False):
+def persist(*arrays, defer: bool = False, resume: bool = False):
     """Compute lazy arrays into scratch storage in one pass, and return the stored arrays.
 
     Use it for values that later steps read many times, such as optimizer
@@ -170,9 +171,29 @@ def persist(*arrays, defer: bool = False):
         when that computation reads these arrays too (parameters updated from
         the moments), the inputs are read once for both. The arrays returned
         are still lazy, and stand for their stored copies once that pass has run.
+    resume : bool
+        Make the pass resumable (eagerly only, not under ``jit``; not with
+        ``defer``): each array is stored under a name derived from what it
+        computes (its ops, parameters and input arrays, :mod:`jask.api.resumable`),
+        so when the process is killed, the same ``persist(..., resume=True)``
+        in a new process continues the partial store, computing only the
+        missing tiles, or takes over the complete one. Needs inputs read from
+        user stores (``from_zarr``); what killed processes leave is kept a week
+        (``jask.io.resumable_scratch.KEEP_SECONDS``) or until ``jask.cleanup_scratch()``.
     """
     for x in arrays:
         _require("persist", x)
+    if resume:
+        if any(compat.is_traced(x) or x._node is None for x in arrays):
+            raise TypeError("persist(..., resume=True) runs eagerly only, not inside jit: call it on the "
+                            "jitted function's result, or drop resume=True inside the function")
+        if defer:
+            raise ValueError("persist: resume=True cannot be combined with defer=True (a deferred store "
+                             "runs inside the next pass, which resumes as a whole)")
+        runtime.safe_point()
+        persist_resumable([x._node for x in arrays])
+        out = tuple(DiskArray(node=x._node.resolved()) for x in arrays)
+        return out[0] if len(arrays) == 1 else out
     if not any(compat.is_traced(x) for x in arrays):
         runtime.safe_point()
     out = PersistPrimitive([type_of(x) for x in arrays], defer=bool(defer))(*arrays)
