@@ -7,7 +7,8 @@ The same computation over the same unchanged input arrays, in a new process,
 gets the same key; any input replaced (``update_`` swaps in a new folder) or
 any parameter changed gives another key. Where a parameter has no stable text
 (a Python function's ``repr`` holds its address), the key differs per process
-and nothing is resumed, which is safe. The store of a key and its lifetime:
+and nothing is resumed, which is safe. An input that is itself a resumable
+persist's result counts by its key, so chained resumable persists resume too. The store of a key and its lifetime:
 :mod:`jask.io.resumable_scratch`.
 """
 from __future__ import annotations
@@ -49,34 +50,42 @@ def _stored_text(store) -> str:
     return f"stored({store.path},{st.st_dev},{st.st_ino},{st.st_mtime_ns},{meta})"
 
 
+def _body(n, texts) -> str:
+    """What one node is, its inputs given by their digests in ``texts``."""
+    if isinstance(n, StoredNode):
+        key = getattr(n.store, "resume_key", None)       # a resumable persist's result: by its key, as a
+        return f"resumed({key})" if key else _stored_text(n.store)   # new process finds it elsewhere
+    if isinstance(n, ScalarNode):
+        return f"scalar({_param_text(np.asarray(n.value))})"
+    if isinstance(n, OpNode):
+        spec = n.spec
+        return (f"op({spec.name},{_param_text(spec.cls)},{_param_text(spec.kwargs)},"
+                + ",".join(texts[id(i.resolved())] for i in n.inputs) + ")")
+    return type(n).__name__
+
+
 def graph_key(node) -> str:
     """A hex digest naming what ``node`` computes (see the module docstring)."""
     texts: dict[int, str] = {}
-
-    def text(n) -> str:
-        n = n.resolved()
+    stack = [node.resolved()]
+    while stack:                                     # inputs first, without recursion (chains are deep)
+        n = stack[-1]
+        inputs = [i.resolved() for i in getattr(n, "inputs", ()) if id(i.resolved()) not in texts]
+        if isinstance(n, OpNode) and inputs:
+            stack.extend(inputs)
+            continue
+        stack.pop()
         if id(n) not in texts:
-            if isinstance(n, StoredNode):
-                body = _stored_text(n.store)
-            elif isinstance(n, ScalarNode):
-                body = f"scalar({_param_text(np.asarray(n.value))})"
-            elif isinstance(n, OpNode):
-                spec = n.spec
-                body = (f"op({spec.name},{_param_text(spec.cls)},{_param_text(spec.kwargs)},"
-                        + ",".join(text(i) for i in n.inputs) + ")")
-            else:
-                body = type(n).__name__
-            texts[id(n)] = hashlib.sha256(f"{body}|{n.shape}|{n.dtype.str}".encode()).hexdigest()
-        return texts[id(n)]
-
-    return text(node)
+            texts[id(n)] = hashlib.sha256(f"{_body(n, texts)}|{n.shape}|{n.dtype.str}".encode()).hexdigest()
+    return texts[id(node.resolved())]
 
 
 def persist_resumable(nodes) -> None:
     """Store each not yet computed node of ``nodes`` under its key, continuing or taking over
     what a killed process left for that key; afterwards each node stands for its stored copy."""
     todo = {id(n.resolved()): n.resolved() for n in nodes if isinstance(n.resolved(), OpNode)}
-    paths = {i: scratch.resumable_path(graph_key(n)) for i, n in todo.items()}
+    keys = {i: graph_key(n) for i, n in todo.items()}
+    paths = {i: scratch.resumable_path(keys[i]) for i in todo}
     fresh, plain, seen = [], [], set()
     for i, n in todo.items():
         if paths[i] in seen:                                  # the same computation twice: a plain copy
@@ -94,3 +103,6 @@ def persist_resumable(nodes) -> None:
         run(fresh, lambda n, tile: ScratchSink(n, tile, path=paths[id(n)], resume=True))
     if plain:
         run(plain)
+    for i, n in todo.items():
+        if not any(p is n for p in plain):
+            n.resolved().store.resume_key = keys[i]
