@@ -185,6 +185,10 @@ def _kill_at_every_point(zygotes, tmp_path, scenario, durability):
         if point in ("after_old_aside", "after_swap") and os.path.dirname(path) == str(tmp_path / "dry"):
             swap_at.setdefault(os.path.basename(path), k)
     assert set(swap_at) == set(rw.expected(scenario)), points
+    if any(p == "after_group_log" for p, _ in points):   # update_all: all new once the group's logs exist
+        group_at = [p for p, _ in points].index("after_group_log") + 1
+        assert group_at < min(swap_at.values()), points
+        swap_at = dict.fromkeys(swap_at, group_at)
     assert sum(p == "after_tile_write" for p, _ in points) >= 4 * len(swap_at)
     _check_kill_dir(str(tmp_path / "dry"), scenario, swap_at, len(points) + 1)
 
@@ -336,6 +340,56 @@ def test_resumed_persist_computes_only_the_missing_tiles(zygotes, tmp_path):
     removed = jask.cleanup_scratch(scratch_root)
     assert all(os.path.basename(p).startswith("jask-") for p in removed)   # only the children's folders
     assert not os.path.exists(resume_dir)
+
+
+def _journaled(d, name):
+    """The chunk coordinates the resume journal of the killed write of ``name`` in ``d`` holds."""
+    tmp = [n for n in _hidden(d) if n.startswith(f".{name}.jask-tmp-")]
+    if not tmp or not os.path.exists(os.path.join(d, tmp[0], ".jask-chunks")):
+        return set()
+    with open(os.path.join(d, tmp[0], ".jask-chunks")) as f:
+        return {tuple(line.split()[:-1]) for line in f}
+
+
+def test_resumed_update_all_computes_only_the_missing_tiles(zygotes, tmp_path):
+    """update_all of two parameters with resume=True (2 x 16 tiles) killed after k tiles: rerunning the
+    step skips every tile position both journals hold (the two are computed in lockstep, so a position
+    is skipped only when done for both), reads and writes only the rest, and both results are exact."""
+    jask.config.update("tile", rw.RESUME_TILE)
+
+    def rerun(d):
+        a, b = (jask.from_zarr(os.path.join(d, n)) for n in ("a.zarr", "b.zarr"))
+        with jask.profile() as prof, warnings.catch_warnings():
+            warnings.simplefilter("error", RuntimeWarning)
+            rw.group_step(jask, lambda name: os.path.join(d, name), a, b, resume=True)
+        return prof
+
+    rw.make_inputs("resume-group", str(tmp_path / "full"))
+    full = rerun(str(tmp_path / "full"))
+    assert full.tiles == 32
+    kills = (1, 16, 31)
+    folders = [str(tmp_path / f"k{k}") for k in kills]
+    for d in folders:
+        rw.make_inputs("resume-group", d)
+    results = zygotes.run([dict(scenario="resume-group", dir=d, scratch=str(tmp_path / "scratch"),
+                                fault=f"after_tile_write:{k}") for k, d in zip(kills, folders)])
+    for k, res, d in zip(kills, results, folders):
+        assert res["signal"] == signal.SIGKILL, zygotes.log_tail()
+        np.testing.assert_array_equal(_read_back(os.path.join(d, "p1.zarr")), rw.P1)   # the old step
+        journals = [_journaled(d, name) for name in ("p1.zarr", "p2.zarr")]
+        assert sum(map(len, journals)) == k
+        left = 16 - len(journals[0] & journals[1])                  # positions computed again
+        assert left <= 16 - (k - 16 if k > 16 else 0) and (k < 31 or left <= 1)
+        prof = rerun(d)
+        assert prof.tiles == 2 * left, k
+        print(f"update_all resume: killed after {k} of 32 tiles, rerun computed {prof.tiles}")
+        assert prof.bytes_read == full.bytes_read * left // 16, k
+        assert prof.bytes_written == full.bytes_written * left // 16, k
+        for name, (_, new) in rw.expected("optim-group").items():
+            np.testing.assert_array_equal(zarr.open_array(os.path.join(d, name), mode="r")[...], new)
+        gc.collect()
+        assert _hidden(d) == [], k
+    jask.cleanup_scratch(str(tmp_path / "scratch"))
 
 
 def test_a_write_without_resume_removes_a_resumable_leftover(zygotes, tmp_path):

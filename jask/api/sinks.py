@@ -17,6 +17,7 @@ from jask.hijax import compat, runtime
 from jask.hijax.array import DiskArray, is_disk_array, type_of
 from jask.hijax.sinks import MaterializePrimitive, PersistPrimitive
 from jask.io.destinations import check_destination
+from jask.io.groups import commit_group
 from jask.io.remote import exists, resolve
 from jask.io.urls import Location
 
@@ -115,6 +116,17 @@ def rechunk(x, chunks, shards=None) -> DiskArray:
     return DiskArray(node=stored)
 
 
+def _check_update(target, new_value, call: str = "update_") -> None:
+    if not isinstance(target, DiskArray) or target._node is None:
+        raise TypeError(f"{call} must be called eagerly on a DiskArray (not inside jit)")
+    _require(call, new_value)
+    if compat.is_traced(new_value) or new_value._node is None:
+        raise TypeError(f"{call} needs a concrete new value; call it outside jit with the jitted step's result")
+    if new_value.shape != target.shape or new_value.dtype != target.dtype:
+        raise ValueError(f"{call}: new value has shape {new_value.shape} and dtype {new_value.dtype}, "
+                         f"but the array has shape {target.shape} and dtype {target.dtype}")
+
+
 def update_(target: DiskArray, new_value, resume: bool = False) -> None:
     """Replace ``target``'s contents with ``new_value``, keeping its type (so ``jit`` does not retrace).
 
@@ -130,14 +142,7 @@ def update_(target: DiskArray, new_value, resume: bool = False) -> None:
     user store works as in :func:`to_zarr`: a killed update continues where it stopped
     (without it, a killed resumable update's partial folder is removed with a ``RuntimeWarning``).
     """
-    if not isinstance(target, DiskArray) or target._node is None:
-        raise TypeError("update_ must be called eagerly on a DiskArray (not inside jit)")
-    _require("update_", new_value)
-    if compat.is_traced(new_value) or new_value._node is None:
-        raise TypeError("update_ needs a concrete new value; call it outside jit with the jitted step's result")
-    if new_value.shape != target.shape or new_value.dtype != target.dtype:
-        raise ValueError(f"update_: new value has shape {new_value.shape} and dtype {new_value.dtype}, "
-                         f"but the array has shape {target.shape} and dtype {target.dtype}")
+    _check_update(target, new_value)
     old = target._node.resolved()
     runtime.safe_point()
     if isinstance(old, StoredNode) and not old.store.owned:
@@ -154,6 +159,54 @@ def update_(target: DiskArray, new_value, resume: bool = False) -> None:
     # Stored values are immutable, so the target may share the new value's storage.
     (stored,) = run([new_value._node])
     target._node = stored
+
+
+def update_all(targets, new_values, resume: bool = False) -> None:
+    """Replace several arrays' contents at once (an optimizer step's parameters): after a crash, all old or all new.
+
+    ``targets`` and ``new_values`` are matching pytrees (lists, dicts) of
+    DiskArrays, each pair as in :func:`update_`. The new values are computed in
+    one pass; only once all are complete are they committed, as one group
+    (:mod:`jask.io.groups`): a process killed between two of the commits leaves
+    a log that the next ``from_zarr``/write of any of the paths (or
+    ``jask.cleanup_scratch()``) uses to finish them all, so a rerun never sees
+    half a step. ``resume=True`` continues a killed step's computation (as in
+    :func:`update_`). Targets must be user stores in local folders opened with
+    ``mode="r+"``; scratch targets are simply updated afterwards.
+    """
+    ts = jax.tree.leaves(targets, is_leaf=is_disk_array)
+    vs = jax.tree.leaves(new_values, is_leaf=is_disk_array)
+    if jax.tree.structure(targets, is_leaf=is_disk_array) != jax.tree.structure(new_values, is_leaf=is_disk_array):
+        raise ValueError(f"update_all: targets and new_values differ in structure ({len(ts)} and {len(vs)} arrays)")
+    group, rest = [], []
+    for t, v in zip(ts, vs):
+        _check_update(t, v, "update_all")
+        old = t._node.resolved()
+        (group if isinstance(old, StoredNode) and not old.store.owned else rest).append((t, v))
+    stores = [t._node.resolved().store for t, _ in group]
+    for st in stores:
+        if hasattr(st, "storage_options") or not st.writable:
+            raise ValueError(f"update_all: the store at {st.path} must be a local folder opened with "
+                             "jask.from_zarr(path, mode='r+')")
+    paths = [st.path for st in stores]
+    if len(set(paths)) != len(paths):
+        raise ValueError("update_all: the same array is a target twice")
+    runtime.safe_point()
+    if group:
+        by_node = {}
+        for st, (_, v) in zip(stores, group):
+            by_node.setdefault(id(v._node.resolved()), []).append(st)
+        if any(len(s) > 1 for s in by_node.values()):
+            raise ValueError("update_all: one new value for two targets; pass a copy (e.g. v + 0.0) for the second")
+        pendings = run([v._node for _, v in group], lambda node, tile: PathSink(
+            node, tile, by_node[id(node.resolved())][0].path, overwrite=True, writable=True,
+            chunks=by_node[id(node.resolved())][0].chunks, shards=by_node[id(node.resolved())][0].shards,
+            resume=resume, defer_commit=True))
+        committed = commit_group(pendings, lambda p: p.commit(owned=False, replace=True, writable=True))
+        for (t, _), store in zip(group, committed):
+            t._node = StoredNode(store)
+    for t, v in rest:
+        update_(t, v)
 
 
 def persist(*arrays, defer: bool = False, resume: bool = False):

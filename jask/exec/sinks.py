@@ -47,13 +47,16 @@ class ScratchSink:
 
 
 class PathSink:
-    """Writes a node to a user path or store URL, committed atomically (optionally replacing what is there)."""
+    """Writes a node to a user path or store URL, committed atomically (optionally replacing what is there).
+
+    ``defer_commit=True``: ``finish`` returns the complete pending store uncommitted (``update_all``).
+    """
 
     counts_io = True
 
     def __init__(self, node, tile, path, overwrite=False, writable=False, chunks=None, compressors=None,
-                 shards=None, storage_options=None, resume=False):
-        self.overwrite, self.writable = overwrite, writable
+                 shards=None, storage_options=None, resume=False, defer_commit=False):
+        self.overwrite, self.writable, self.defer_commit = overwrite, writable, defer_commit
         self.pending = new_pending(path, node.shape, node.dtype, chunks or block_shape(node.shape, tile),
                                    compressors=compressors, shards=shards, storage_options=storage_options,
                                    resume=resume)
@@ -65,6 +68,8 @@ class PathSink:
 
     def finish(self):
         count(arrays_written=1)
+        if self.defer_commit:               # update_all commits the set (jask.io.groups)
+            return self.pending
         return self.pending.commit(owned=False, replace=self.overwrite, writable=self.writable)
 
     def abort(self):
