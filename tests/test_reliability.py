@@ -164,11 +164,15 @@ def test_sigkill_at_every_fault_point(zygotes, tmp_path, scenario):
     _kill_at_every_point(zygotes, tmp_path, scenario, "process")
 
 
-@pytest.mark.parametrize("scenario", ["overwrite", "update-fallback"])
+@pytest.mark.parametrize("scenario", ["overwrite", "update-fallback", "optim-group"])
 def test_sigkill_at_every_fsync_with_power_durability(zygotes, tmp_path, scenario):
     """With durability "power" the kill points include every fsync (before and after the swap): same outcome."""
     points = _kill_at_every_point(zygotes, tmp_path, scenario, "power")
     assert sum(p == "before_fsync" for p, _ in points) >= 6, points   # 4 chunks, metadata, folders, parent
+    if scenario == "optim-group":     # every new folder is on disk before the group's logs and first swap
+        first = [p for p, _ in points].index("after_group_log")
+        assert {os.path.basename(path) for p, path in points[:first] if p == "before_fsync"} == set(
+            rw.expected(scenario))
 
 
 def _kill_at_every_point(zygotes, tmp_path, scenario, durability):

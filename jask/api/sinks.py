@@ -202,7 +202,8 @@ def update_all(targets, new_values, resume: bool = False) -> None:
             node, tile, by_node[id(node.resolved())][0].path, overwrite=True, writable=True,
             chunks=by_node[id(node.resolved())][0].chunks, shards=by_node[id(node.resolved())][0].shards,
             resume=resume, defer_commit=True))
-        committed = commit_group(pendings, lambda p: p.commit(owned=False, replace=True, writable=True))
+        committed = commit_group(pendings, lambda p: p.commit(owned=False, replace=True, writable=True),
+                                 power=config.durability == "power")
         for (t, _), store in zip(group, committed):
             t._node = StoredNode(store)
     for t, v in rest:

@@ -46,17 +46,36 @@ def _unmark(folder: str) -> None:
         pass
 
 
-def commit_group(pendings, commit_one) -> list:
-    """Commit every pending store with ``commit_one`` so that a kill leaves all old or all new."""
+def commit_group(pendings, commit_one, power: bool = False) -> list:
+    """Commit every pending store with ``commit_one`` so that a kill leaves all old or all new.
+
+    With ``power`` (durability "power") every new folder, mark included, and
+    every log is fsynced before the first swap, so a power cut cannot leave a
+    log pointing at a folder not wholly on disk.
+    """
     token = f"{os.getpid()}-{secrets.token_hex(3)}"
     finals = [p.final_path for p in pendings]
-    for p in pendings:
-        with open(os.path.join(p.tmp_path, MARK), "w") as f:
-            f.write(token)
+    try:
+        for p in pendings:
+            with open(os.path.join(p.tmp_path, MARK), "w") as f:
+                f.write(token)
+            p.complete(power)                  # last chunks and shard indexes written (and synced)
+    except BaseException:
+        for p in pendings:
+            p.abort()
+        raise
     text = json.dumps({"token": token, "targets": finals})
     for final in finals:
         with open(_log_name(final, token), "w") as f:
             f.write(text)
+            if power:
+                os.fsync(f.fileno())
+    for folder in dict.fromkeys(os.path.dirname(f) for f in finals) if power else ():
+        fd = os.open(folder, os.O_RDONLY | os.O_DIRECTORY)
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
     if faults.hook is not None:
         faults.fire("after_group_log", path=finals[0])
     stores = [commit_one(p) for p in pendings]

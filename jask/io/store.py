@@ -213,6 +213,7 @@ class PendingStore:
             recover(self.final_path, keep_resumable=resume)
         early = durable.start_writeback if user and durable.mode() == "power" else None
         self.tmp_path = _sibling(self.final_path, "tmp")
+        self._finished = self._synced = False           # complete()
         shards = None if shards is None else tuple(int(s) for s in shards)
         if shards is not None:
             check_shards(shape, chunks, shards)
@@ -267,6 +268,15 @@ class PendingStore:
         """Remove the hidden folder (idempotent; a no-op once committed)."""
         self._finalizer()
 
+    def complete(self, power: bool) -> None:
+        """Finish the writes (last chunks, shard indexes) and with ``power`` fsync the folder; each once."""
+        if self._writer is not None and not self._finished:
+            self._writer.finish()
+        self._finished = True
+        if power and not self._synced:
+            durable.sync_tree(self.tmp_path, self.final_path)
+            self._synced = True
+
     def commit(self, owned: bool, replace: bool = False, writable: bool = False) -> Store:
         """Make the complete array visible at its final path; returns it opened.
 
@@ -281,10 +291,7 @@ class PendingStore:
         pin = None
         power = not owned and durable.mode() == "power"   # scratch dies with its process: never synced
         try:
-            if self._writer is not None:
-                self._writer.finish()
-            if power:
-                durable.sync_tree(self.tmp_path, self.final_path)
+            self.complete(power)
             if faults.hook is not None:
                 faults.fire("before_commit", path=self.final_path)
             if self._journal is not None:               # complete: a committed array carries no journal
