@@ -22,7 +22,7 @@ from jask.ops.shape import transpose_op as transpose  # axes positional too, as 
 from jask import nn  # noqa: E402 - jax.nn's names over DiskArrays
 from jask.ops.batches import batches
 from jask.ops.interpret import on_disk
-from jask.api.sinks import materialize, persist, rechunk, to_zarr, update_
+from jask.api.sinks import materialize, persist, rechunk, to_zarr, update_, update_all
 from jask.api.sources import from_numpy, from_zarr
 from jask.api.errors import OverBudgetError
 from jask.io.scratch import TmpfsScratchError
@@ -33,5 +33,5 @@ __all__ = [
     "BucketNotFoundError", "DiskArray", "OverBudgetError", "RemoteAccessError", "RemoteStoreError", "Stats",
     "StoreURLError", "TmpfsScratchError", "add", "batches", "cleanup_scratch", "config", "dot", "explain",
     "from_numpy", "from_zarr", "materialize", "mul", "nn", "numpy", "on_disk", "persist", "profile", "rechunk",
-    "runtime_baseline", "set_memory_budget", "square", "sub", "sum", "to_zarr", "transpose", "update_",
+    "runtime_baseline", "set_memory_budget", "square", "sub", "sum", "to_zarr", "transpose", "update_", "update_all",
 ]

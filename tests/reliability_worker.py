@@ -48,9 +48,11 @@ _EXPECTED = {
     "update": {"w.zarr": (W, 3 * W + A)},
     "update-fallback": {"w.zarr": (W, 3 * W + A)},
     "optim": {"p1.zarr": (P1, P1 - 0.5 * (P1 - A)), "p2.zarr": (P2, P2 - 0.5 * (P2 - B))},
+    "optim-group": {"p1.zarr": (P1, P1 - 0.5 * (P1 - A)), "p2.zarr": (P2, P2 - 0.5 * (P2 - B))},
 }
 SCENARIOS = tuple(_EXPECTED)
-RESUME_TILE = 2       # "resume", "resume-update" (not in SCENARIOS): to_zarr(2a + b) / w.update_(3w + a), 16 tiles
+RESUME_TILE = 2       # "resume", "resume-update", "resume-persist" (not in SCENARIOS): to_zarr(2a + b) /
+#                       w.update_(3w + a) / persist(2a + b, resume=True) then to_zarr(c * c - a): 16 tiles each
 
 
 def expected(scenario):
@@ -65,6 +67,8 @@ def make_inputs(scenario, folder):
     arrays = {"a.zarr": A, "b.zarr": B}
     if scenario == "resume-update":
         arrays["w.zarr"] = W
+    elif scenario == "resume-group":
+        arrays.update({"p1.zarr": P1, "p2.zarr": P2})
     elif scenario != "resume":
         arrays.update({name: old for name, (old, _) in expected(scenario).items() if old is not None})
     edge = RESUME_TILE if scenario.startswith("resume") else TILE
@@ -72,6 +76,12 @@ def make_inputs(scenario, folder):
         z = zarr.create_array(os.path.join(folder, name), shape=SHAPE, dtype=np.float32, chunks=(edge, edge),
                               compressors=None, fill_value=0)
         z[...] = value
+
+
+def group_step(jask, p, a, b, resume):
+    """The "optim" step as one update_all (the parent reruns it to resume "resume-group")."""
+    p1, p2 = jask.from_zarr(p("p1.zarr"), mode="r+"), jask.from_zarr(p("p2.zarr"), mode="r+")
+    jask.update_all({"p1": p1, "p2": p2}, {"p1": p1 - (p1 - a) * 0.5, "p2": p2 - (p2 - b) * 0.5}, resume=resume)
 
 
 def run_scenario(scenario, folder):
@@ -95,9 +105,18 @@ def run_scenario(scenario, folder):
         g1, g2 = p1 - a, p2 - b
         p1.update_(p1 - g1 * 0.5)
         p2.update_(p2 - g2 * 0.5)
+    elif scenario == "optim-group":                       # the same step as one group commit (update_all)
+        group_step(jask, p, a, b, resume=False)
     elif scenario == "resume":                            # killed, then continued by the parent
         jask.config.update("tile", RESUME_TILE)
         jask.to_zarr(a * 2.0 + b, p("out.zarr"), resume=True)
+    elif scenario == "resume-persist":                    # a resumable persist, then a write reading it
+        jask.config.update("tile", RESUME_TILE)
+        c = jask.persist(a * 2.0 + b, resume=True)
+        jask.to_zarr(c * c - a, p("out.zarr"))
+    elif scenario == "resume-group":
+        jask.config.update("tile", RESUME_TILE)
+        group_step(jask, p, a, b, resume=True)
     elif scenario == "resume-update":
         jask.config.update("tile", RESUME_TILE)
         w = jask.from_zarr(p("w.zarr"), mode="r+")

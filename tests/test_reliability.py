@@ -21,6 +21,7 @@ import subprocess
 import sys
 import threading
 import time
+import warnings
 from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
@@ -163,11 +164,15 @@ def test_sigkill_at_every_fault_point(zygotes, tmp_path, scenario):
     _kill_at_every_point(zygotes, tmp_path, scenario, "process")
 
 
-@pytest.mark.parametrize("scenario", ["overwrite", "update-fallback"])
+@pytest.mark.parametrize("scenario", ["overwrite", "update-fallback", "optim-group"])
 def test_sigkill_at_every_fsync_with_power_durability(zygotes, tmp_path, scenario):
     """With durability "power" the kill points include every fsync (before and after the swap): same outcome."""
     points = _kill_at_every_point(zygotes, tmp_path, scenario, "power")
     assert sum(p == "before_fsync" for p, _ in points) >= 6, points   # 4 chunks, metadata, folders, parent
+    if scenario == "optim-group":     # every new folder is on disk before the group's logs and first swap
+        first = [p for p, _ in points].index("after_group_log")
+        assert {os.path.basename(path) for p, path in points[:first] if p == "before_fsync"} == set(
+            rw.expected(scenario))
 
 
 def _kill_at_every_point(zygotes, tmp_path, scenario, durability):
@@ -184,6 +189,10 @@ def _kill_at_every_point(zygotes, tmp_path, scenario, durability):
         if point in ("after_old_aside", "after_swap") and os.path.dirname(path) == str(tmp_path / "dry"):
             swap_at.setdefault(os.path.basename(path), k)
     assert set(swap_at) == set(rw.expected(scenario)), points
+    if any(p == "after_group_log" for p, _ in points):   # update_all: all new once the group's logs exist
+        group_at = [p for p, _ in points].index("after_group_log") + 1
+        assert group_at < min(swap_at.values()), points
+        swap_at = dict.fromkeys(swap_at, group_at)
     assert sum(p == "after_tile_write" for p, _ in points) >= 4 * len(swap_at)
     _check_kill_dir(str(tmp_path / "dry"), scenario, swap_at, len(points) + 1)
 
@@ -274,7 +283,8 @@ def test_resume_after_sigkill_computes_only_the_missing_tiles(zygotes, tmp_path,
         jask.from_zarr(os.path.join(d, "a.zarr"))            # recovery on a neighbour keeps the partial write
         assert len(_hidden(d)) == 1
         done = 16 if point == "before_commit" else k
-        with jask.profile() as prof:
+        with jask.profile() as prof, warnings.catch_warnings():
+            warnings.simplefilter("error", RuntimeWarning)       # resume=True takes it over: no warning
             path, want = _resumed_write(scenario, d)
         assert prof.tiles == 16 - done, (point, k)
         assert prof.bytes_read == full.bytes_read * (16 - done) // 16
@@ -285,7 +295,110 @@ def test_resume_after_sigkill_computes_only_the_missing_tiles(zygotes, tmp_path,
     jask.cleanup_scratch(str(tmp_path / "scratch"))
 
 
+def test_resumed_persist_computes_only_the_missing_tiles(zygotes, tmp_path):
+    """persist(2a + b, resume=True) killed after k of 16 tiles, at its commit, or in the to_zarr reading it
+    afterwards: the same persist in this process (same scratch root) computes only the 16 - k tiles not
+    journaled, reading and writing only their share (0 once it was complete), and the result is exact."""
+    scratch_root = str(tmp_path / "scratch")
+    jask.set_memory_budget(config.memory_budget, scratch_dir=scratch_root)
+    jask.config.update("tile", rw.RESUME_TILE)
+    rw.make_inputs("resume", str(tmp_path / "full"))
+
+    def rerun(d):
+        a, b = (jask.from_zarr(os.path.join(d, n)) for n in ("a.zarr", "b.zarr"))
+        with jask.profile() as prof, warnings.catch_warnings():
+            warnings.simplefilter("error", RuntimeWarning)
+            c = jask.persist(a * 2.0 + b, resume=True)
+        jask.to_zarr(c * c - a, os.path.join(d, "out.zarr"))
+        return c, prof
+
+    c, full = rerun(str(tmp_path / "full"))
+    assert full.tiles == 16 and full.bytes_written > 0
+    resume_dir = os.path.join(scratch_root, "resume")
+    assert os.listdir(resume_dir) == [os.path.basename(c._node.store.path)]
+    del c
+    gc.collect()
+    assert os.listdir(resume_dir) == []                       # freed: deleted like any scratch store
+    points = [("after_tile_write", k) for k in (1, 8, 15)] + [("before_commit", 1), ("after_tile_write", 20)]
+    folders = [str(tmp_path / f"k{i}") for i in range(len(points))]
+    for d in folders:
+        rw.make_inputs("resume", d)
+    results = list(zygotes.run([dict(scenario="resume-persist", dir=d, scratch=scratch_root, fault=f"{p}:{k}")
+                                for (p, k), d in zip(points, folders)]))
+    assert all(res["signal"] == signal.SIGKILL for res in results), zygotes.log_tail()
+    jask.from_zarr(os.path.join(folders[0], "a.zarr"))            # the automatic sweeps keep them
+    scratch.remove_stale(scratch_root)
+    assert len(os.listdir(resume_dir)) == len(points)             # one partial or complete store per kill
+    for i, ((point, k), d) in enumerate(zip(points, folders)):
+        done = 16 if point == "before_commit" or k > 16 else k
+        c, prof = rerun(d)
+        assert prof.tiles == 16 - done, (point, k)
+        assert prof.bytes_read == full.bytes_read * (16 - done) // 16, (point, k)
+        assert prof.bytes_written == full.bytes_written * (16 - done) // 16, (point, k)
+        np.testing.assert_array_equal(np.asarray(c), 2 * rw.A + rw.B)
+        np.testing.assert_array_equal(zarr.open_array(os.path.join(d, "out.zarr"), mode="r")[...],
+                                      (2 * rw.A + rw.B) ** 2 - rw.A)
+        del c
+        gc.collect()
+        assert len(os.listdir(resume_dir)) == len(points) - 1 - i and _hidden(d) == [], (point, k)
+    removed = jask.cleanup_scratch(scratch_root)
+    assert all(os.path.basename(p).startswith("jask-") for p in removed)   # only the children's folders
+    assert not os.path.exists(resume_dir)
+
+
+def _journaled(d, name):
+    """The chunk coordinates the resume journal of the killed write of ``name`` in ``d`` holds."""
+    tmp = [n for n in _hidden(d) if n.startswith(f".{name}.jask-tmp-")]
+    if not tmp or not os.path.exists(os.path.join(d, tmp[0], ".jask-chunks")):
+        return set()
+    with open(os.path.join(d, tmp[0], ".jask-chunks")) as f:
+        return {tuple(line.split()[:-1]) for line in f}
+
+
+def test_resumed_update_all_computes_only_the_missing_tiles(zygotes, tmp_path):
+    """update_all of two parameters with resume=True (2 x 16 tiles) killed after k tiles: rerunning the
+    step skips every tile position both journals hold (the two are computed in lockstep, so a position
+    is skipped only when done for both), reads and writes only the rest, and both results are exact."""
+    jask.config.update("tile", rw.RESUME_TILE)
+
+    def rerun(d):
+        a, b = (jask.from_zarr(os.path.join(d, n)) for n in ("a.zarr", "b.zarr"))
+        with jask.profile() as prof, warnings.catch_warnings():
+            warnings.simplefilter("error", RuntimeWarning)
+            rw.group_step(jask, lambda name: os.path.join(d, name), a, b, resume=True)
+        return prof
+
+    rw.make_inputs("resume-group", str(tmp_path / "full"))
+    full = rerun(str(tmp_path / "full"))
+    assert full.tiles == 32
+    kills = (1, 16, 31)
+    folders = [str(tmp_path / f"k{k}") for k in kills]
+    for d in folders:
+        rw.make_inputs("resume-group", d)
+    results = zygotes.run([dict(scenario="resume-group", dir=d, scratch=str(tmp_path / "scratch"),
+                                fault=f"after_tile_write:{k}") for k, d in zip(kills, folders)])
+    for k, res, d in zip(kills, results, folders):
+        assert res["signal"] == signal.SIGKILL, zygotes.log_tail()
+        np.testing.assert_array_equal(_read_back(os.path.join(d, "p1.zarr")), rw.P1)   # the old step
+        journals = [_journaled(d, name) for name in ("p1.zarr", "p2.zarr")]
+        assert sum(map(len, journals)) == k
+        left = 16 - len(journals[0] & journals[1])                  # positions computed again
+        assert left <= 16 - (k - 16 if k > 16 else 0) and (k < 31 or left <= 1)
+        prof = rerun(d)
+        assert prof.tiles == 2 * left, k
+        print(f"update_all resume: killed after {k} of 32 tiles, rerun computed {prof.tiles}")
+        assert prof.bytes_read == full.bytes_read * left // 16, k
+        assert prof.bytes_written == full.bytes_written * left // 16, k
+        for name, (_, new) in rw.expected("optim-group").items():
+            np.testing.assert_array_equal(zarr.open_array(os.path.join(d, name), mode="r")[...], new)
+        gc.collect()
+        assert _hidden(d) == [], k
+    jask.cleanup_scratch(str(tmp_path / "scratch"))
+
+
 def test_a_write_without_resume_removes_a_resumable_leftover(zygotes, tmp_path):
+    """A write without resume=True on a path a killed resumable write left: a RuntimeWarning says how far
+    it got and names resume=True, then the leftover is removed and the array computed afresh."""
     d = str(tmp_path / "k")
     rw.make_inputs("resume", d)
     (res,) = zygotes.run([dict(scenario="resume", dir=d, scratch=str(tmp_path / "scratch"),
@@ -293,9 +406,12 @@ def test_a_write_without_resume_removes_a_resumable_leftover(zygotes, tmp_path):
     assert res["signal"] == signal.SIGKILL and len(_hidden(d)) == 1
     jask.config.update("tile", rw.RESUME_TILE)
     a = jask.from_zarr(os.path.join(d, "a.zarr"))
-    with jask.profile() as prof:
+    with jask.profile() as prof, pytest.warns(RuntimeWarning) as caught:
         jask.to_zarr(a * 3.0, os.path.join(d, "out.zarr"))
     assert prof.tiles == 16 and _hidden(d) == []
+    (w,) = [str(c.message) for c in caught if "resumable" in str(c.message)]   # warned once, then removed
+    assert os.path.join(d, "out.zarr") in w and f"process {res['pid']}" in w
+    assert "5 of 16 chunks done" in w and "resume=True" in w
     np.testing.assert_array_equal(zarr.open_array(os.path.join(d, "out.zarr"), mode="r")[...], 3 * rw.A)
     removed = jask.cleanup_scratch(str(tmp_path / "scratch"))
     assert len(removed) == 1

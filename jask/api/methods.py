@@ -98,9 +98,9 @@ def _update(self, new_value, resume: bool = False) -> DiskArray:
     return self
 
 
-def _persist(self) -> DiskArray:
+def _persist(self, resume: bool = False) -> DiskArray:
     """Compute now into scratch storage; returns the stored array (see :func:`jask.persist`)."""
-    return persist(self)
+    return persist(self, resume=resume)
 
 
 def install() -> None:

@@ -7,6 +7,7 @@ import jax
 import numpy as np
 
 from jask.api.errors import OverBudgetError
+from jask.api.resumable import persist_resumable
 from jask.config import config
 from jask.exec.driver import run
 from jask.exec.progress import fmt_bytes
@@ -16,6 +17,7 @@ from jask.hijax import compat, runtime
 from jask.hijax.array import DiskArray, is_disk_array, type_of
 from jask.hijax.sinks import MaterializePrimitive, PersistPrimitive
 from jask.io.destinations import check_destination
+from jask.io.groups import commit_group
 from jask.io.remote import exists, resolve
 from jask.io.urls import Location
 
@@ -77,7 +79,8 @@ def to_zarr(x, path, overwrite: bool = False, chunks=None, compressors=None, sha
     each chunk as it lands, and a later ``to_zarr`` of the same array to the
     same path with ``resume=True`` continues it, computing only the tiles not
     yet on disk (uncompressed, unsharded arrays; otherwise it starts afresh). A
-    write without it removes what a killed one left.
+    write without it removes what a killed one left, warning first
+    (``RuntimeWarning``: how many chunks it had done) when that was resumable.
     """
     _require("to_zarr", x)
     if compat.is_traced(x):
@@ -115,6 +118,17 @@ def rechunk(x, chunks, shards=None) -> DiskArray:
     return DiskArray(node=stored)
 
 
+def _check_update(target, new_value, call: str = "update_") -> None:
+    if not isinstance(target, DiskArray) or target._node is None:
+        raise TypeError(f"{call} must be called eagerly on a DiskArray (not inside jit)")
+    _require(call, new_value)
+    if compat.is_traced(new_value) or new_value._node is None:
+        raise TypeError(f"{call} needs a concrete new value; call it outside jit with the jitted step's result")
+    if new_value.shape != target.shape or new_value.dtype != target.dtype:
+        raise ValueError(f"{call}: new value has shape {new_value.shape} and dtype {new_value.dtype}, "
+                         f"but the array has shape {target.shape} and dtype {target.dtype}")
+
+
 def update_(target: DiskArray, new_value, resume: bool = False) -> None:
     """Replace ``target``'s contents with ``new_value``, keeping its type (so ``jit`` does not retrace).
 
@@ -127,16 +141,10 @@ def update_(target: DiskArray, new_value, resume: bool = False) -> None:
     the old value; lazy arrays computed from it too. (On an object store, only
     in this process: elsewhere a read of the deleted old version raises
     ``MissingChunkError`` naming it, never a mix.) ``resume=True`` on a local
-    user store works as in :func:`to_zarr`: a killed update continues where it stopped.
+    user store works as in :func:`to_zarr`: a killed update continues where it stopped
+    (without it, a killed resumable update's partial folder is removed with a ``RuntimeWarning``).
     """
-    if not isinstance(target, DiskArray) or target._node is None:
-        raise TypeError("update_ must be called eagerly on a DiskArray (not inside jit)")
-    _require("update_", new_value)
-    if compat.is_traced(new_value) or new_value._node is None:
-        raise TypeError("update_ needs a concrete new value; call it outside jit with the jitted step's result")
-    if new_value.shape != target.shape or new_value.dtype != target.dtype:
-        raise ValueError(f"update_: new value has shape {new_value.shape} and dtype {new_value.dtype}, "
-                         f"but the array has shape {target.shape} and dtype {target.dtype}")
+    _check_update(target, new_value)
     old = target._node.resolved()
     runtime.safe_point()
     if isinstance(old, StoredNode) and not old.store.owned:
@@ -155,7 +163,56 @@ def update_(target: DiskArray, new_value, resume: bool = False) -> None:
     target._node = stored
 
 
-def persist(*arrays, defer: bool = False):
+def update_all(targets, new_values, resume: bool = False) -> None:
+    """Replace several arrays' contents at once (an optimizer step's parameters): after a crash, all old or all new.
+
+    ``targets`` and ``new_values`` are matching pytrees (lists, dicts) of
+    DiskArrays, each pair as in :func:`update_`. The new values are computed in
+    one pass; only once all are complete are they committed, as one group
+    (:mod:`jask.io.groups`): a process killed between two of the commits leaves
+    a log that the next ``from_zarr``/write of any of the paths (or
+    ``jask.cleanup_scratch()``) uses to finish them all, so a rerun never sees
+    half a step. ``resume=True`` continues a killed step's computation (as in
+    :func:`update_`). Targets must be user stores in local folders opened with
+    ``mode="r+"``; scratch targets are simply updated afterwards.
+    """
+    ts = jax.tree.leaves(targets, is_leaf=is_disk_array)
+    vs = jax.tree.leaves(new_values, is_leaf=is_disk_array)
+    if jax.tree.structure(targets, is_leaf=is_disk_array) != jax.tree.structure(new_values, is_leaf=is_disk_array):
+        raise ValueError(f"update_all: targets and new_values differ in structure ({len(ts)} and {len(vs)} arrays)")
+    group, rest = [], []
+    for t, v in zip(ts, vs):
+        _check_update(t, v, "update_all")
+        old = t._node.resolved()
+        (group if isinstance(old, StoredNode) and not old.store.owned else rest).append((t, v))
+    stores = [t._node.resolved().store for t, _ in group]
+    for st in stores:
+        if hasattr(st, "storage_options") or not st.writable:
+            raise ValueError(f"update_all: the store at {st.path} must be a local folder opened with "
+                             "jask.from_zarr(path, mode='r+')")
+    paths = [st.path for st in stores]
+    if len(set(paths)) != len(paths):
+        raise ValueError("update_all: the same array is a target twice")
+    runtime.safe_point()
+    if group:
+        by_node = {}
+        for st, (_, v) in zip(stores, group):
+            by_node.setdefault(id(v._node.resolved()), []).append(st)
+        if any(len(s) > 1 for s in by_node.values()):
+            raise ValueError("update_all: one new value for two targets; pass a copy (e.g. v + 0.0) for the second")
+        pendings = run([v._node for _, v in group], lambda node, tile: PathSink(
+            node, tile, by_node[id(node.resolved())][0].path, overwrite=True, writable=True,
+            chunks=by_node[id(node.resolved())][0].chunks, shards=by_node[id(node.resolved())][0].shards,
+            resume=resume, defer_commit=True))
+        committed = commit_group(pendings, lambda p: p.commit(owned=False, replace=True, writable=True),
+                                 power=config.durability == "power")
+        for (t, _), store in zip(group, committed):
+            t._node = StoredNode(store)
+    for t, v in rest:
+        update_(t, v)
+
+
+def persist(*arrays, defer: bool = False, resume: bool = False):
     """Compute lazy arrays into scratch storage in one pass, and return the stored arrays.
 
     Use it for values that later steps read many times, such as optimizer
@@ -170,9 +227,29 @@ def persist(*arrays, defer: bool = False):
         when that computation reads these arrays too (parameters updated from
         the moments), the inputs are read once for both. The arrays returned
         are still lazy, and stand for their stored copies once that pass has run.
+    resume : bool
+        Make the pass resumable (eagerly only, not under ``jit``; not with
+        ``defer``): each array is stored under a name derived from what it
+        computes (its ops, parameters and input arrays, :mod:`jask.api.resumable`),
+        so when the process is killed, the same ``persist(..., resume=True)``
+        in a new process continues the partial store, computing only the
+        missing tiles, or takes over the complete one. Needs inputs read from
+        user stores (``from_zarr``); what killed processes leave is kept a week
+        (``jask.io.resumable_scratch.KEEP_SECONDS``) or until ``jask.cleanup_scratch()``.
     """
     for x in arrays:
         _require("persist", x)
+    if resume:
+        if any(compat.is_traced(x) or x._node is None for x in arrays):
+            raise TypeError("persist(..., resume=True) runs eagerly only, not inside jit: call it on the "
+                            "jitted function's result, or drop resume=True inside the function")
+        if defer:
+            raise ValueError("persist: resume=True cannot be combined with defer=True (a deferred store "
+                             "runs inside the next pass, which resumes as a whole)")
+        runtime.safe_point()
+        persist_resumable([x._node for x in arrays])
+        out = tuple(DiskArray(node=x._node.resolved()) for x in arrays)
+        return out[0] if len(arrays) == 1 else out
     if not any(compat.is_traced(x) for x in arrays):
         runtime.safe_point()
     out = PersistPrimitive([type_of(x) for x in arrays], defer=bool(defer))(*arrays)

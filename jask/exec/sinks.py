@@ -6,7 +6,7 @@ import numpy as np
 from jask.exec.events import count
 from jask.graph.nodes import OpNode, StoredNode
 from jask.graph.tiling import block_shape
-from jask.io import scratch
+from jask.io import resumable_scratch, scratch
 from jask.io.remote import new_pending
 
 
@@ -14,16 +14,23 @@ class ScratchSink:
     """Writes a node to a fresh scratch store; by default the node then stands for it.
 
     ``chunks``/``shards`` choose the layout (``rechunk``); ``adopt=False`` leaves
-    the node as it was and just returns the stored copy.
+    the node as it was and just returns the stored copy. ``path`` with
+    ``resume=True`` writes a resumable store there instead (``persist(...,
+    resume=True)``, :mod:`jask.io.resumable_scratch`): tiles a killed process
+    already journaled are skipped.
     """
 
     counts_io = True
 
-    def __init__(self, node: OpNode, tile: int, chunks=None, shards=None, adopt: bool = True):
+    def __init__(self, node: OpNode, tile: int, chunks=None, shards=None, adopt: bool = True,
+                 path=None, resume=False):
         self.node, self.adopt = node, adopt
-        self.pending = new_pending(scratch.new_path(), node.shape, node.dtype,
+        self.pending = new_pending(path or scratch.new_path(), node.shape, node.dtype,
                                    chunks or block_shape(node.shape, tile), shards=shards,
-                                   storage_options=scratch.storage_options(), what="scratch")
+                                   storage_options=scratch.storage_options(), what="scratch", resume=resume)
+        self.done = self.pending.done if resume else None
+        if resume:
+            resumable_scratch.mark_owner(self.pending.tmp_path)
 
     def write(self, reg, tile):
         self.pending.write(reg, tile)
@@ -40,13 +47,16 @@ class ScratchSink:
 
 
 class PathSink:
-    """Writes a node to a user path or store URL, committed atomically (optionally replacing what is there)."""
+    """Writes a node to a user path or store URL, committed atomically (optionally replacing what is there).
+
+    ``defer_commit=True``: ``finish`` returns the complete pending store uncommitted (``update_all``).
+    """
 
     counts_io = True
 
     def __init__(self, node, tile, path, overwrite=False, writable=False, chunks=None, compressors=None,
-                 shards=None, storage_options=None, resume=False):
-        self.overwrite, self.writable = overwrite, writable
+                 shards=None, storage_options=None, resume=False, defer_commit=False):
+        self.overwrite, self.writable, self.defer_commit = overwrite, writable, defer_commit
         self.pending = new_pending(path, node.shape, node.dtype, chunks or block_shape(node.shape, tile),
                                    compressors=compressors, shards=shards, storage_options=storage_options,
                                    resume=resume)
@@ -58,6 +68,8 @@ class PathSink:
 
     def finish(self):
         count(arrays_written=1)
+        if self.defer_commit:               # update_all commits the set (jask.io.groups)
+            return self.pending
         return self.pending.commit(owned=False, replace=self.overwrite, writable=self.writable)
 
     def abort(self):

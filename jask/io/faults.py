@@ -28,6 +28,9 @@ final path; the tile points also get ``region``):
     replacing: the old array moved to its ``-old-`` sibling.
 ``after_commit``
     done; the old folder is removed, or left to readers still holding it.
+``after_group_log``
+    ``update_all`` only (:mod:`jask.io.groups`): every new array complete and
+    marked, the group's logs written; no target swapped yet.
 ``before_tile_read``
     a reader is about to read one region of a store (``path``, ``region``);
     a hook that sleeps here makes a slow disk (lifetime tests).
@@ -58,7 +61,7 @@ import signal
 import threading
 
 POINTS = ("after_create", "before_tile_write", "after_tile_write", "before_fsync", "before_commit", "after_new_ready",
-          "after_old_aside", "after_swap", "after_retire", "after_commit", "before_tile_read")
+          "after_old_aside", "after_swap", "after_retire", "after_commit", "before_tile_read", "after_group_log")
 
 hook = None  # None (unarmed), or a callable (point: str, info: dict)
 

@@ -11,6 +11,7 @@ import time
 
 from jask.io.pins import drop_retired, is_retired, remove_tree
 from jask.io.owners import owner_gone
+from jask.io.groups import roll_forward
 from jask.io.resume import resumable
 
 
@@ -44,6 +45,7 @@ def recover(path: str, keep_resumable: bool = True) -> list[str]:
     ``keep_resumable=False`` also removes what a ``resume=True`` write could continue.
     """
     path = os.path.abspath(path)
+    roll_forward(path)          # a dead process's group commit (jask.io.groups): all its swaps, first
     if not os.path.exists(path):
         for kind in ("new", "old"):
             found = [f for f in _siblings(path, kind + "-") if not _owner_alive(f)]
@@ -73,6 +75,8 @@ def sweep(path: str, keep_resumable: bool = True) -> list[str]:
                 removed.append(leftover)
             continue
         pid = _owner(leftover)
+        if ".jask-group-" in os.path.basename(leftover):
+            continue                         # a live group commit's log (dead ones: roll_forward)
         if pid is not None and owner_gone(pid, leftover) and not (keep_resumable and resumable(leftover)):
             remove_tree(leftover)
             removed.append(leftover)

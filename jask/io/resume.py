@@ -14,9 +14,11 @@ chunk are resumed (the layout ``jask.io.layout`` calls ``"chunk"``).
 from __future__ import annotations
 
 import glob
+import json
 import math
 import os
 import shutil
+import warnings
 import zlib
 
 from jask.io.layout import covering
@@ -59,6 +61,39 @@ def claim(final_path: str, tmp_path: str) -> bool:
         except OSError:
             continue
     return False
+
+
+def progress(folder: str) -> tuple[int, int]:
+    """``(chunks journaled as complete, chunks in all)`` of a resumable ``-tmp-`` folder (0, 0 if unreadable)."""
+    try:
+        with open(os.path.join(folder, "zarr.json")) as f:
+            meta = json.load(f)
+        shape, chunk = meta["shape"], meta["chunk_grid"]["configuration"]["chunk_shape"]
+        with open(os.path.join(folder, JOURNAL), "rb") as f:
+            lines = f.read().decode("ascii", "replace").split("\n")[:-1]
+    except (OSError, ValueError, KeyError, TypeError):
+        return 0, 0
+    whole = {line for line in lines if _line(line.split()[:-1]) == line + "\n"}
+    return len(whole), math.prod(-(-d // c) for d, c in zip(shape, chunk))
+
+
+def warn_before_removing(final_path: str) -> None:
+    """Warn (``RuntimeWarning``) about each resumable write an ended process left for ``final_path``.
+
+    Called by a write without ``resume=True``, which then removes those folders
+    (:func:`jask.io.recovery.recover`): the message says how far the killed
+    write got and that ``resume=True`` would have continued it.
+    """
+    head, name = os.path.split(final_path)
+    for cand in sorted(glob.glob(os.path.join(head, f".{glob.escape(name)}.jask-tmp-*"))):
+        pid = cand.rsplit("-", 2)[-2]
+        if pid.isdigit() and resumable(cand) and owner_gone(int(pid), cand):
+            done, total = progress(cand)
+            warnings.warn(
+                f"{final_path}: a killed write (process {pid}) left a resumable partial array here with "
+                f"{done} of {total} chunks done; this write, started without resume=True, removes it and "
+                "starts afresh. Pass resume=True (to_zarr(..., resume=True), update_(..., resume=True)) to "
+                "continue such a write instead", RuntimeWarning, stacklevel=2)
 
 
 def _line(coords) -> str:

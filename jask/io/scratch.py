@@ -25,7 +25,7 @@ import shutil
 import tempfile
 import types
 
-from jask.io import urls
+from jask.io import resumable_scratch, urls
 from jask.io.owners import owner_gone, pid_alive  # noqa: F401  (pid_alive: used from here by tests)
 from jask.io.recovery import recover
 
@@ -166,7 +166,7 @@ def remove_stale(root: str, keep_resumable: bool = True) -> list[str]:
             removed += _sweep_targets(folder, keep_resumable)
             shutil.rmtree(folder, ignore_errors=True)
             removed.append(folder)
-    return removed
+    return removed + resumable_scratch.sweep(root, keep=keep_resumable)
 
 
 def _sweep_targets(folder: str, keep_resumable: bool) -> list[str]:
@@ -236,6 +236,15 @@ def new_path(tag: str = "array") -> str:
     return os.path.join(process_dir(), f"{tag}-{next(_counter)}.zarr")
 
 
+def resumable_path(key: str, what: str = "persist") -> str:
+    """Where a resumable scratch store named ``key`` goes (:mod:`jask.io.resumable_scratch`); local only."""
+    folder = process_dir()
+    if "://" in folder:
+        raise ValueError(f"{what}: resume=True needs a local scratch dir, not the store URL "
+                         f"{os.path.dirname(folder)}; set JASK_SCRATCH_DIR to a folder on a disk")
+    return resumable_scratch.path_for(os.path.dirname(folder), key)
+
+
 def storage_options() -> dict | None:
     """``storage_options`` for a scratch dir that is a store URL (the ``scratch_storage_options`` setting)."""
     return getattr(_settings, "scratch_storage_options", None)
@@ -248,7 +257,8 @@ def cleanup_scratch(root: str | None = None, paths=()) -> list[str]:
     use) and the hidden temporaries (``.NAME.jask-tmp-PID-...``, ``-new-``,
     unread ``-old-``) beside the user paths they were writing, which those
     folders record, and beside each of ``paths``, including partial writes a
-    ``to_zarr(..., resume=True)`` could continue. Only leftovers whose owner
+    ``to_zarr(..., resume=True)`` could continue, and what killed ``persist(...,
+    resume=True)`` calls left under ``<root>/resume``. Only leftovers whose owner
     process has ended are touched (:mod:`jask.io.owners`).
     """
     removed = remove_stale(root or _default_root(), keep_resumable=False)

@@ -34,7 +34,7 @@ from jask.io import dtypes, durable, faults, scratch
 from jask.io.layout import check_shards, describe_region
 from jask.io.pins import Pin, drop_retired, folder_deleted, pin_current, remove_tree
 from jask.io.recovery import recover, settle, swap_in_progress, sweep
-from jask.io.resume import ChunkJournal, claim
+from jask.io.resume import ChunkJournal, claim, warn_before_removing
 from jask.io.writer import ChunkFileWriter, make_chunk_writer
 
 
@@ -209,9 +209,12 @@ class PendingStore:
         user = not scratch.in_scratch(self.final_path)
         if user:                                       # note the path, sweep what killed writers left
             scratch.record_target(self.final_path)
+            if not resume:
+                warn_before_removing(self.final_path)
             recover(self.final_path, keep_resumable=resume)
         early = durable.start_writeback if user and durable.mode() == "power" else None
         self.tmp_path = _sibling(self.final_path, "tmp")
+        self._finished = self._synced = False           # complete()
         shards = None if shards is None else tuple(int(s) for s in shards)
         if shards is not None:
             check_shards(shape, chunks, shards)
@@ -266,6 +269,15 @@ class PendingStore:
         """Remove the hidden folder (idempotent; a no-op once committed)."""
         self._finalizer()
 
+    def complete(self, power: bool) -> None:
+        """Finish the writes (last chunks, shard indexes) and with ``power`` fsync the folder; each once."""
+        if self._writer is not None and not self._finished:
+            self._writer.finish()
+        self._finished = True
+        if power and not self._synced:
+            durable.sync_tree(self.tmp_path, self.final_path)
+            self._synced = True
+
     def commit(self, owned: bool, replace: bool = False, writable: bool = False) -> Store:
         """Make the complete array visible at its final path; returns it opened.
 
@@ -280,10 +292,7 @@ class PendingStore:
         pin = None
         power = not owned and durable.mode() == "power"   # scratch dies with its process: never synced
         try:
-            if self._writer is not None:
-                self._writer.finish()
-            if power:
-                durable.sync_tree(self.tmp_path, self.final_path)
+            self.complete(power)
             if faults.hook is not None:
                 faults.fire("before_commit", path=self.final_path)
             if self._journal is not None:               # complete: a committed array carries no journal

@@ -1,0 +1,141 @@
+"""Committing several arrays as one (``jask.update_all``): after a kill, all old or all new.
+
+Each commit alone is atomic (:mod:`jask.io.store`); a set of them is made
+atomic by rolling forward. Once every new array is complete, :func:`commit_group`
+writes a token into each new folder (file :data:`MARK`) and then a log beside
+every target, ``.NAME.jask-group-PID-TOKEN``, listing all the targets. Only
+then are the folders swapped in, one by one; the marks and logs go last.
+Should the process die in between, :func:`roll_forward` (run by every
+``recover`` of any of the paths, so by ``from_zarr``, writes and scratch sweeps)
+finds the log of the ended process and swaps in each new folder still waiting,
+found by its mark. Before the logs exist, the new folders are ordinary
+leftovers, swept as such, and every target keeps its old value.
+"""
+from __future__ import annotations
+
+import fcntl
+import glob
+import json
+import os
+import secrets
+
+from jask.io import faults
+from jask.io.owners import owner_gone
+from jask.io.resume import JOURNAL
+
+MARK = ".jask-group"
+
+
+def _log_name(final: str, token: str) -> str:
+    head, name = os.path.split(final)
+    return os.path.join(head, f".{name}.jask-group-{token}")
+
+
+def _mark_of(folder: str) -> str | None:
+    try:
+        with open(os.path.join(folder, MARK)) as f:
+            return f.read().strip()
+    except OSError:
+        return None
+
+
+def _unmark(folder: str) -> None:
+    try:
+        os.unlink(os.path.join(folder, MARK))
+    except OSError:
+        pass
+
+
+def commit_group(pendings, commit_one, power: bool = False) -> list:
+    """Commit every pending store with ``commit_one`` so that a kill leaves all old or all new.
+
+    With ``power`` (durability "power") every new folder, mark included, and
+    every log is fsynced before the first swap, so a power cut cannot leave a
+    log pointing at a folder not wholly on disk.
+    """
+    token = f"{os.getpid()}-{secrets.token_hex(3)}"
+    finals = [p.final_path for p in pendings]
+    try:
+        for p in pendings:
+            with open(os.path.join(p.tmp_path, MARK), "w") as f:
+                f.write(token)
+            p.complete(power)                  # last chunks and shard indexes written (and synced)
+    except BaseException:
+        for p in pendings:
+            p.abort()
+        raise
+    text = json.dumps({"token": token, "targets": finals})
+    for final in finals:
+        with open(_log_name(final, token), "w") as f:
+            f.write(text)
+            if power:
+                os.fsync(f.fileno())
+    for folder in dict.fromkeys(os.path.dirname(f) for f in finals) if power else ():
+        fd = os.open(folder, os.O_RDONLY | os.O_DIRECTORY)
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+    if faults.hook is not None:
+        faults.fire("after_group_log", path=finals[0])
+    stores = [commit_one(p) for p in pendings]
+    for final in finals:
+        _unmark(final)
+    for final in finals:
+        os.unlink(_log_name(final, token))
+    return stores
+
+
+def _siblings(final: str, kind: str) -> list[str]:
+    head, name = os.path.split(final)
+    return sorted(glob.glob(os.path.join(head, f".{glob.escape(name)}.jask-{kind}-*")))
+
+
+def roll_forward(path: str) -> list[str]:
+    """Finish the group commits an ended process left half done on ``path``; returns the logs handled."""
+    handled = []
+    for log in _siblings(path, "group"):
+        pid = log.rsplit("-", 2)[-2]
+        if not pid.isdigit() or not owner_gone(int(pid), log):
+            continue
+        try:
+            fd = os.open(log, os.O_RDONLY)
+        except OSError:
+            continue
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)     # one recoverer at a time
+            with open(log) as f:
+                entry = json.load(f)
+            token, finals = entry["token"], entry["targets"]
+            for final in finals:
+                _swap_in(final, token)
+            for final in finals:
+                _unmark(final)
+            for final in finals:
+                try:
+                    os.unlink(_log_name(final, token))
+                except FileNotFoundError:
+                    pass
+            handled.append(log)
+        except (OSError, ValueError, KeyError, TypeError):
+            pass        # locked by another recoverer, or gone meanwhile: it finishes the group
+        finally:
+            os.close(fd)
+    return handled
+
+
+def _swap_in(final: str, token: str) -> None:
+    """Put the new folder of group ``token`` at ``final`` unless it is there already."""
+    if _mark_of(final) == token:
+        return
+    waiting = [s for kind in ("tmp", "new") for s in _siblings(final, kind) if _mark_of(s) == token]
+    if not waiting:
+        return                  # swapped and unmarked before the kill
+    try:
+        os.unlink(os.path.join(waiting[0], JOURNAL))     # a committed array carries no resume journal
+    except FileNotFoundError:
+        pass
+    if os.path.lexists(final):
+        head, name = os.path.split(final)
+        os.rename(final, os.path.join(head, f".{name}.jask-old-{os.getpid()}-{secrets.token_hex(3)}"))
+    os.rename(waiting[0], final)

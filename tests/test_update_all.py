@@ -1,0 +1,55 @@
+"""update_all: values against NumPy, pytrees, scratch targets, and bad inputs refused before any work."""
+import gc
+import os
+
+import numpy as np
+import pytest
+import zarr
+
+import jask
+
+
+def _store(path, value):
+    zarr.create_array(str(path), shape=value.shape, dtype=value.dtype, chunks=(4, 4), compressors=None,
+                      fill_value=0)[...] = value
+    return str(path)
+
+
+@pytest.fixture
+def params(tmp_path, small_tiles):
+    rng = np.random.default_rng(0)
+    values = {k: rng.standard_normal((8, 12)).astype(np.float32) for k in ("w", "b")}
+    return {k: _store(tmp_path / f"{k}.zarr", v) for k, v in values.items()}, values
+
+
+def test_values_and_pytrees(params, tmp_path):
+    paths, values = params
+    p = {k: jask.from_zarr(v, mode="r+") for k, v in paths.items()}
+    s = jask.from_numpy(np.ones((8, 12), np.float32))          # a scratch target: updated plainly
+    jask.update_all({"p": p, "s": s}, {"p": {k: x * 0.5 - 1.0 for k, x in p.items()}, "s": s + p["w"]})
+    for k, v in values.items():
+        np.testing.assert_array_equal(np.asarray(p[k]), v * np.float32(0.5) - np.float32(1.0))
+        np.testing.assert_array_equal(zarr.open_array(paths[k], mode="r")[...], v * np.float32(0.5) - 1)
+    np.testing.assert_array_equal(np.asarray(s), 1 + values["w"])     # new values read the old arrays
+    gc.collect()                                                      # old folders go with their last reader
+    assert [n for n in os.listdir(tmp_path) if ".jask-" in n] == []
+
+
+def test_bad_inputs_touch_nothing(params, tmp_path):
+    paths, values = params
+    w, b = jask.from_zarr(paths["w"], mode="r+"), jask.from_zarr(paths["b"], mode="r+")
+    with pytest.raises(ValueError, match="differ in structure"):
+        jask.update_all([w, b], [w + 1.0])
+    with pytest.raises(ValueError, match="same array is a target twice"):
+        jask.update_all([w, w], [w + 1.0, w + 2.0])
+    with pytest.raises(ValueError, match=r"update_all: new value has shape \(12, 8\)"):
+        jask.update_all([w, b], [w.T, b])
+    ro = jask.from_zarr(paths["b"])
+    with pytest.raises(ValueError, match=r"b\.zarr must be a local folder opened with .*mode='r\+'"):
+        jask.update_all([w, ro], [w + 1.0, ro + 1.0])
+    with pytest.raises(ValueError, match="one new value for two targets"):
+        v = w + 1.0
+        jask.update_all([w, b], [v, v])
+    for k, v in values.items():
+        np.testing.assert_array_equal(zarr.open_array(paths[k], mode="r")[...], v)
+    assert [n for n in os.listdir(tmp_path) if ".jask-" in n] == []
