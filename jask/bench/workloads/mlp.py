@@ -83,6 +83,7 @@ def _epoch(runner, batches):
     losses = []
     for xb, yb in batches:
         params, state, value = step(params, state, xb, yb)
+        value.block_until_ready()   # as the README's loop: steps dispatched ahead would each hold a batch
         losses.append(value)
     runner.losses = [float(v) for v in losses]
     runner.final = params
