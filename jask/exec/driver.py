@@ -137,8 +137,7 @@ def _run(p: Plan, roots, make_sinks, devices=None):
                 results[i] = np.asarray(ex.tile_of(rr, ()))
             elif make_sinks is not None:
                 sink = make_sinks(r, p.tile)
-                results[i] = _copy(ex, rr, multihost.SharedPathSink(sink, multihost._next_key(), shared=False)
-                                   if many and isinstance(sink, PathSink) else sink)
+                results[i] = _copy(ex, rr, multihost.unshared(sink) if many else sink)
             else:
                 results[i] = rr
     for group in p.groups:
@@ -155,9 +154,9 @@ def _run(p: Plan, roots, make_sinks, devices=None):
         sinks = [make_sinks(n, p.tile) if (id(n) in root_ids and make_sinks is not None)
                  else ScratchSink(n, p.tile) for n in group]
         share, exchange = (0, 1), None
-        if many:
-            sinks, share, exchange = multihost.wrap_sinks(p, group, sinks, p.tile)
         try:
+            if many:
+                sinks, share, exchange = multihost.wrap_sinks(p, group, sinks, p.tile)
             ex.compute(group, sinks, share, exchange)
         except BaseException:
             for sink in sinks:
@@ -182,7 +181,7 @@ def _scalar(p: Plan, ex: Executor, group, many: bool):
         ((_, _, value),) = ex.run_windows(group, [()])
         return np.asarray(value)
     node = group[0]
-    got = list(ex.run_windows(group, [()], multihost.processes()))
+    got = list(ex.run_windows(group, [()], multihost.processes(), cast=False))   # folded in the acc dtype
     value = multihost.fold_scalar(np.asarray(got[0][2]) if got else None,
                                   kernels_cache.combine(p.prepared[id(node)].op), node.dtype)
     return np.zeros((), node.dtype) if value is None else np.asarray(value, node.dtype)

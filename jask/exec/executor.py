@@ -92,6 +92,9 @@ class Executor:
         """
         op = self.plan.prepared[id(nodes[0])].op
         if isinstance(op, CustomOp):
+            if tuple(processes) != (0, 1) or exchange is not None:
+                raise ValueError(f"{self.plan.prepared[id(nodes[0])].name} is a custom op: it runs whole in "
+                                 f"every process, it cannot compute a share {tuple(processes)}")
             algo = OOCAlgorithm(self, nodes[0], sinks[0])
             op.forward(algo, *nodes[0].inputs)
             algo.check_complete()
@@ -108,19 +111,22 @@ class Executor:
             for node, sink in zip(nodes, sinks):
                 writer_of[id(node)] = stack.enter_context(
                     WriteBehind(sink, depth=WRITE_DEPTH, count=count if sink.counts_io else count_wait))
-            tiles = self.run_windows(nodes, indices, processes)
+            # tiles to exchange stay in the accumulator dtype: folded across processes, then cast once
+            tiles = self.run_windows(nodes, indices, processes, cast=exchange is None)
             for node, idx, tile in (tiles if exchange is None else exchange(tiles)):
                 writer_of[id(node)].put(region(idx, node.shape, self.tile), tile, key=idx)
                 count(tiles=1)
                 bar.update(1, tile.nbytes)
 
-    def run_windows(self, group, indices, processes=(0, 1)):
+    def run_windows(self, group, indices, processes=(0, 1), cast=True):
         """Yield ``(node, idx, tile)`` for every tile of ``group`` at ``indices``, computed window by window.
 
         One schedule (:func:`jask.exec.schedule.spread`) drives the reads and
         the kernel calls; the prefetcher reads the next window's tiles while the
         current window computes. Each window runs on its share's device; reads
         are counted for that device. ``processes=(i, p)``: only process i's share of p.
+        ``cast=False``: tiles stay in the dtype they were computed in (partials in the accumulator
+        dtype, for a fold across processes).
         """
         n = len(self.devices)
         sched = spread(self.plan, group, indices, window_limit(self.plan, n), window_input_bytes(self.device), n,
@@ -158,7 +164,7 @@ class Executor:
                     raise
                 count(compute_seconds=time.perf_counter() - t0)
                 for node, idx, tile in partials.finished(share, finished):
-                    yield node, idx, self._checked(node, idx, tile)
+                    yield node, idx, self._checked(node, idx, tile, cast)
 
     def _placed_reads(self, sched):
         """The pass's read requests, and what the reader threads apply to each tile read (or None).
@@ -179,12 +185,13 @@ class Executor:
 
         return requests(), lambda x: jax.device_put(x, target.device)
 
-    def _checked(self, node, idx, tile):
-        """A finished tile in the node's dtype and shape (zeros for a tile with no entries)."""
+    def _checked(self, node, idx, tile, cast=True):
+        """A finished tile in the node's dtype (unless not ``cast``) and shape (zeros for a tile with no entries)."""
         expected = block_at(node.shape, idx, self.tile)
         if tile is None:
             return np.zeros(expected, node.dtype)
-        tile = tile.astype(node.dtype, copy=False) if isinstance(tile, np.ndarray) else tile.astype(node.dtype)
+        if cast:
+            tile = tile.astype(node.dtype, copy=False) if isinstance(tile, np.ndarray) else tile.astype(node.dtype)
         if tuple(tile.shape) != expected:
             raise ValueError(f"{self.plan.prepared[id(node)].name}.forward_block produced a tile of "
                              f"shape {tuple(tile.shape)} for output tile {tuple(idx)}, expected {expected}")
