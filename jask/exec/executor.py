@@ -55,7 +55,7 @@ class Executor:
         self.tile = p.tile
         self.backend = kernels.get_backend()
         self.backend.check_settings("+".join(p.prepared[id(n)].name for n in p.fused + p.stages))
-        self.devices = list(devices or compute_devices())
+        self.devices = pass_devices(p, devices or compute_devices())
         self.device = self.devices[0]
         # the host fallback inside a callback (see run) computes with the host's backend
         self.backend = kernels.backend_for(self.backend, self.device.platform)
@@ -234,11 +234,24 @@ def prefetch_depth(sizes, window_bytes: int) -> int:
     return max(PREFETCH_DEPTH, len(sizes) if best is None else best)
 
 
+def pass_devices(p: Plan, devices) -> list:
+    """The first of ``devices`` a plan's passes spread over: as many as each fit a window of the plan's
+    projection in ``1/n`` of the host budget, at least one.
+
+    The planner sizes tiles to the whole budget; n devices each keep windows of at
+    least one projected tile in flight, so more than ``budget // projected`` of them
+    would hold more than the budget together.
+    """
+    devices = list(devices)
+    return devices[:max(1, min(len(devices), config.memory_budget // max(1, p.projected_bytes)))]
+
+
 def window_limit(p: Plan, n_devices: int = 1) -> int:
     """Bytes one window may hold: the host budget, or the device's when that is smaller.
 
     With several devices each keeps its own windows in flight, so each takes
     ``1/n`` of the host budget (the device budget is per device already).
-    Never below the plan's projection of one tile, so a plan that fits runs.
+    Never below the plan's projection of one tile, so a plan that fits runs; with
+    ``n`` from :func:`pass_devices` that floor never takes n devices over the budget.
     """
     return max(p.projected_bytes, min(config.memory_budget // n_devices, device_budget()))
