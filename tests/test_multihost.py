@@ -104,6 +104,11 @@ WORKER = textwrap.dedent("""
         out["resume"] = "ran"
     except ValueError as e:
         out["resume"] = str(e)
+    try:                                        # another process's devices are not this one's to compute on
+        jask.config.update("devices", jax.devices())
+        out["foreign_devices"] = "accepted"
+    except ValueError as e:
+        out["foreign_devices"] = str(e)
     from jask.exec import multihost             # a path only process 0 finds too long fails everywhere
     try:
         multihost._broadcast_text("share a long path", "x" * 5000 if pid == 0 else "")
@@ -206,6 +211,7 @@ def check(data, outs, n, tmp_path, devices=1):
         assert o["bf16_sum"] == 516.0, o["bf16_sum"]
         assert "resume=True is not supported in a multi-process" in o["resume"], o["resume"]
         assert o["long_path"] == "ValueError", o["long_path"]
+        assert "must belong to this process" in o["foreign_devices"], o["foreign_devices"]
     assert not os.path.exists(tmp_path / "resumed.zarr")
     left = [f for f in os.listdir(tmp_path) if ".jask-" in f]
     assert not left, f"staging folders left behind: {left}"

@@ -207,7 +207,7 @@ def usable_devices():
     if usable:
         return usable
     warn_host_fallback(devices[0])
-    return [jax.devices("cpu")[0]]
+    return [jax.local_devices(backend="cpu")[0]]   # this process's own host CPU
 
 
 def region_bytes(store, reg) -> int:
