@@ -1,6 +1,6 @@
 """The executor: runs one plan's stages window by window, reading ahead and writing behind.
 
-One schedule (:func:`jask.exec.schedule.windows`) drives both the prefetcher,
+One schedule (:func:`jask.exec.schedule.spread`) drives both the prefetcher,
 which reads the next window's tiles while the current one computes, and the
 window runner (:mod:`jask.exec.run_windows`), which makes one kernel call per
 program shape.

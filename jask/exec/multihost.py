@@ -15,8 +15,9 @@ outputs can be shared is cut into one contiguous share per process
   in process 0's scratch folder that every process pins and reads (one host).
 * A small output that cannot be written so (in memory, or tiles a share
   boundary cuts; a gradient of weights): each process computes its share, the
-  whole output is gathered and folded alike in every process, and each writes
-  it to its own sink.
+  whole output is gathered and folded alike in every process (in the
+  accumulator dtype, cast once), and each writes it to its own sink (a user
+  path: process 0 alone).
 
 Other passes (in-memory results of large arrays, custom ops and their gradients,
 sharded outputs, chunks spanning tiles, store URLs) run whole in every process, as in a
