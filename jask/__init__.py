@@ -25,12 +25,13 @@ from jask.ops.interpret import on_disk
 from jask.api.sinks import materialize, persist, rechunk, to_zarr, update_, update_all
 from jask.api.sources import from_numpy, from_zarr
 from jask.api.errors import OverBudgetError
+from jask.exec.multihost import ProcessLostError
 from jask.io.scratch import TmpfsScratchError
 
 __version__ = "0.1.0"
 
 __all__ = [
-    "BucketNotFoundError", "DiskArray", "OverBudgetError", "RemoteAccessError", "RemoteStoreError", "Stats",
+    "BucketNotFoundError", "DiskArray", "OverBudgetError", "ProcessLostError", "RemoteAccessError", "RemoteStoreError", "Stats",
     "StoreURLError", "TmpfsScratchError", "add", "batches", "cleanup_scratch", "config", "dot", "explain",
     "from_numpy", "from_zarr", "materialize", "mul", "nn", "numpy", "on_disk", "persist", "profile", "rechunk",
     "runtime_baseline", "set_memory_budget", "square", "sub", "sum", "to_zarr", "transpose", "update_", "update_all",

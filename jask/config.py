@@ -83,6 +83,13 @@ def update(name: str, value) -> None:
             raise TypeError(f"device must be a jax.Device (e.g. jax.devices()[0]) or None, got {value!r}")
     elif name == "devices" and value is not None:
         value = _check_devices(value)
+    if name in ("device", "devices"):
+        device = value if name == "device" else config.device
+        devices = value if name == "devices" else config.devices
+        if device is not None and isinstance(devices, tuple) and device != devices[0]:
+            raise ValueError(f"device {device} must be the first of devices ({', '.join(map(str, devices))}): "
+                             "the compute device is where a pass's first share, custom ops and copies run; "
+                             "set device to None or list it first")
     elif name == "precision" and value not in PRECISIONS:
         raise ValueError(f"unknown matmul precision {value!r}; choose one of {PRECISIONS}")
     elif name == "backend" and value != "auto" and value not in registry.names():
@@ -100,7 +107,9 @@ def update(name: str, value) -> None:
 def _check_devices(value):
     """The ``devices`` setting as stored: ``"all"``, or a tuple of distinct devices of one platform.
 
-    A ``jax.sharding.Mesh`` gives its devices in mesh order.
+    A ``jax.sharding.Mesh`` gives its devices in mesh order. Only this process's own devices
+    (``jax.local_devices()``): in a ``jax.distributed`` run each process spreads its share of a
+    pass over its own devices.
     """
     import jax
     if isinstance(value, str):
@@ -123,6 +132,10 @@ def _check_devices(value):
     platforms = sorted({d.platform for d in devices})
     if len(platforms) > 1:
         raise ValueError(f"devices must share one platform, got {platforms}")
+    foreign = [d for d in devices if d.process_index != jax.process_index()]
+    if foreign:
+        raise ValueError(f"devices must belong to this process (jax.local_devices()): {foreign[0]} is "
+                         f"process {foreign[0].process_index}'s, this is process {jax.process_index()}")
     return devices
 
 

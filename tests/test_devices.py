@@ -43,6 +43,19 @@ SCRIPT = textwrap.dedent("""
     print("JIT", sorted(str(d) for d in jitted.devices), jitted.kernel_calls)
     assert eager.devices == {d1} and jitted.devices == {d1}, (eager.devices, jitted.devices)
     assert eager.kernel_calls > 0 and jitted.kernel_calls > 0
+    # a device that is not the first of devices is refused (they would disagree on the compute device)
+    for first, then in ((("device", d1), ("devices", jax.devices())), (("devices", jax.devices()), ("device", d1))):
+        jask.config.update("device", None), jask.config.update("devices", None)
+        jask.config.update(*first)
+        try:
+            jask.config.update(*then)
+            raise AssertionError(f"{then} after {first} was accepted")
+        except ValueError as e:
+            assert "must be the first of devices" in str(e), e
+    jask.config.update("devices", None), jask.config.update("device", d1)
+    jask.config.update("devices", "all")            # "all" puts the chosen device first
+    from jask.exec.devices import compute_device, compute_devices
+    assert compute_devices() == [d1, jax.devices()[0]] and compute_device() == d1
     print("OK")
 """)
 

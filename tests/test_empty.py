@@ -85,3 +85,16 @@ def test_grad_through_materialize(jit):
     assert isinstance(g, jask.DiskArray)
     np.testing.assert_allclose(float(value), float(ref_value), rtol=1e-5)
     np.testing.assert_allclose(np.asarray(g), ref_g, rtol=1e-5, atol=1e-6)
+
+
+def test_an_identity_other_than_zero_is_refused_for_an_array_result():
+    from jask.base.base_algo import make_op
+    from jask.ops.reductions import Sum
+
+    class SumFromOne(Sum):
+        empty_value = 1
+    f = make_op(SumFromOne)
+    x = jask.from_numpy(np.zeros((0, 5), np.float32))
+    assert float(f(x)) == 1.0
+    with pytest.raises(NotImplementedError, match="empty_value=1"):
+        f(x, axis=0)

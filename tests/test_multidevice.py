@@ -145,6 +145,20 @@ def test_one_device_list_is_todays_pass(small_tiles):
         assert p.windows_by_device == {jax.devices()[0]: p.windows}
 
 
+def test_no_more_devices_than_projected_windows_fit_in_the_budget(small_tiles):
+    """Each device keeps windows of at least one projected tile: n devices may not exceed the budget."""
+    import numpy as np
+    from jask.exec.driver import make_plan
+    from jask.config import config
+    from jask.exec.executor import Executor, window_limit
+    p = make_plan([(jask.from_numpy(np.ones((32, 24), np.float32)) * 2.0)._node])
+    for fit in (1, 3, 4, 9):
+        jask.config.update("memory_budget", fit * p.projected_bytes + 1)
+        n = len(Executor(p, [jax.devices()[0]] * 4).devices)
+        assert n == min(fit, 4)
+        assert n * window_limit(p, n) <= config.memory_budget
+
+
 PLACED = textwrap.dedent("""
     import jax, numpy as np, jask
     from jask.exec import executor, run_windows

@@ -72,6 +72,49 @@ WORKER = textwrap.dedent("""
         loss, g = jax.jit(jax.value_and_grad(lambda w: jask.sum(jask.square(X @ w - T))))(w)
         g = np.asarray(g)
     out["loss"], out["grad"], out["grad_read"] = float(loss), g.tolist(), p.bytes_read
+    # a custom op (and its gradient, a custom op too) has no index map: it runs whole in every process
+    from jask.base import CustomOp
+    from jask.base.base_algo import make_op
+    class CumSum0(CustomOp):
+        def output_shape(self, a_shape):
+            return a_shape
+        def forward(self, algo, a, rev=False):
+            rows, cols = algo.grid(a)
+            for j in range(cols):
+                carry = 0.0
+                for i in (reversed(range(rows)) if rev else range(rows)):
+                    t = np.asarray(algo.read(a, (i, j)))
+                    t = np.cumsum(t[::-1], axis=0)[::-1] if rev else np.cumsum(t, axis=0)
+                    algo.write((i, j), t + carry, **({"wrt": 0} if rev else {}))
+                    carry = (t + carry)[0 if rev else -1]
+        def backward(self, algo, inputs, d_out):
+            self.forward(algo, d_out, rev=True)
+    cumsum0 = make_op(CumSum0)
+    with jask.profile() as p:
+        cumsum0(X).to_zarr(os.path.join(root, "cumsum.zarr"))
+    out["cumsum_written"] = p.bytes_written
+    out["cumsum_grad"] = np.asarray(jax.grad(lambda a: jask.sum(cumsum0(a) * Y))(X)).tolist()
+    # partials are folded across processes in float32, cast to bfloat16 once: tiles summing to 256, 1
+    # | 256, 2.5 give 257 + 258.5 -> 516 (each process's partial cast first: 256 + 258 = 514 -> 512)
+    b = np.zeros((4 * TILE, TILE), np.float32)
+    b[:TILE], b[TILE, 0], b[2 * TILE:3 * TILE], b[3 * TILE, 0] = 16, 1, 16, 2.5
+    out["bf16_sum"] = float(jask.sum(jask.from_numpy(b.astype(jax.numpy.bfloat16))))
+    try:
+        X.to_zarr(os.path.join(root, "resumed.zarr"), resume=True)
+        out["resume"] = "ran"
+    except ValueError as e:
+        out["resume"] = str(e)
+    try:                                        # another process's devices are not this one's to compute on
+        jask.config.update("devices", jax.devices())
+        out["foreign_devices"] = "accepted"
+    except ValueError as e:
+        out["foreign_devices"] = str(e)
+    from jask.exec import multihost             # a path only process 0 finds too long fails everywhere
+    try:
+        multihost._broadcast_text("share a long path", "x" * 5000 if pid == 0 else "")
+        out["long_path"] = "ran"
+    except Exception as e:
+        out["long_path"] = type(e).__name__
     print("RESULT" + json.dumps(out), flush=True)
 """).replace("TILE", str(TILE))
 
@@ -159,6 +202,17 @@ def check(data, outs, n, tmp_path, devices=1):
     np.testing.assert_allclose(one_w, W * 2 + 1, rtol=1e-6)
     for o in outs:
         np.testing.assert_array_equal(np.array(o["W_after"], np.float32), one_w)
+    # custom ops run whole everywhere; only process 0 writes the user path
+    assert [o["cumsum_written"] for o in outs] == [X.nbytes] + [0] * (n - 1)
+    np.testing.assert_allclose(zarr.open_array(str(tmp_path / "cumsum.zarr"), mode="r")[:], np.cumsum(X, 0),
+                               rtol=1e-5, atol=1e-4)
+    for o in outs:
+        np.testing.assert_allclose(np.array(o["cumsum_grad"]), np.cumsum(Y[::-1], 0)[::-1], rtol=1e-5, atol=1e-4)
+        assert o["bf16_sum"] == 516.0, o["bf16_sum"]
+        assert "resume=True is not supported in a multi-process" in o["resume"], o["resume"]
+        assert o["long_path"] == "ValueError", o["long_path"]
+        assert "must belong to this process" in o["foreign_devices"], o["foreign_devices"]
+    assert not os.path.exists(tmp_path / "resumed.zarr")
     left = [f for f in os.listdir(tmp_path) if ".jask-" in f]
     assert not left, f"staging folders left behind: {left}"
 

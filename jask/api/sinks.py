@@ -61,6 +61,14 @@ def materialize(x, allow_over_budget: bool = False) -> jax.Array:
     return MaterializePrimitive(type_of(x))(x)
 
 
+def _check_resume(call: str, resume: bool) -> None:
+    """Refuse ``resume=True`` in a ``jax.distributed`` run: every process would claim the killed write's
+    folder, and one that is not process 0 would delete it (see jask/exec/DESIGN.md)."""
+    if resume and jax.process_count() > 1:
+        raise ValueError(f"{call}: resume=True is not supported in a multi-process (jax.distributed) run "
+                         f"({jax.process_count()} processes); drop resume=True")
+
+
 def to_zarr(x, path, overwrite: bool = False, chunks=None, compressors=None, shards=None,
             storage_options=None, resume: bool = False) -> None:
     """Write ``x`` to a Zarr v3 array at ``path`` (a folder or a store URL); it appears only once complete.
@@ -85,6 +93,7 @@ def to_zarr(x, path, overwrite: bool = False, chunks=None, compressors=None, sha
     _require("to_zarr", x)
     if compat.is_traced(x):
         raise TypeError("to_zarr cannot run inside jit; return the DiskArray and write it afterwards")
+    _check_resume("to_zarr", resume)
     where = resolve(path, storage_options, "to_zarr")
     if not isinstance(where, Location):
         check_destination(where, overwrite)
@@ -145,6 +154,7 @@ def update_(target: DiskArray, new_value, resume: bool = False) -> None:
     (without it, a killed resumable update's partial folder is removed with a ``RuntimeWarning``).
     """
     _check_update(target, new_value)
+    _check_resume("update_", resume)
     old = target._node.resolved()
     runtime.safe_point()
     if isinstance(old, StoredNode) and not old.store.owned:
@@ -180,6 +190,7 @@ def update_all(targets, new_values, resume: bool = False) -> None:
     vs = jax.tree.leaves(new_values, is_leaf=is_disk_array)
     if jax.tree.structure(targets, is_leaf=is_disk_array) != jax.tree.structure(new_values, is_leaf=is_disk_array):
         raise ValueError(f"update_all: targets and new_values differ in structure ({len(ts)} and {len(vs)} arrays)")
+    _check_resume("update_all", resume)
     group, rest = [], []
     for t, v in zip(ts, vs):
         _check_update(t, v, "update_all")
@@ -240,6 +251,7 @@ def persist(*arrays, defer: bool = False, resume: bool = False):
     for x in arrays:
         _require("persist", x)
     if resume:
+        _check_resume("persist", resume)
         if any(compat.is_traced(x) or x._node is None for x in arrays):
             raise TypeError("persist(..., resume=True) runs eagerly only, not inside jit: call it on the "
                             "jitted function's result, or drop resume=True inside the function")

@@ -3,8 +3,8 @@
 Inside ``jit`` jask's host work runs in ``io_callback``, which makes the host
 CPU JAX's default device while the callback runs; code that launched kernels
 there without naming a device computed on the CPU even on a GPU machine. So
-every operand the executor hands a kernel is placed on :func:`compute_device`
-explicitly.
+every operand the executor hands a kernel is placed explicitly on its window's
+device (one of :func:`compute_devices`, the first being :func:`compute_device`).
 """
 from __future__ import annotations
 
@@ -22,7 +22,8 @@ DEVICE_SHARE = 0.5   # of the device's free memory a window may take by default 
 
 def compute_device():
     """The first device kernels run on: ``jask.config.update("device", d)``, else the first of ``devices``,
-    else the default backend's first device."""
+    else the default backend's first device. Always ``compute_devices()[0]`` (a ``device`` that is
+    not the first of a ``devices`` list is refused)."""
     if config.device is not None:
         return config.device
     if isinstance(config.devices, tuple):
@@ -39,7 +40,8 @@ def compute_devices() -> list:
     if config.devices is None:
         return [compute_device()]
     if config.devices == "all":
-        return list(jax.local_devices(backend=compute_device().platform))
+        first = compute_device()
+        return [first] + [d for d in jax.local_devices(backend=first.platform) if d != first]
     return list(config.devices)
 
 
@@ -84,7 +86,7 @@ def host_handle_device():
     """
     if compute_device().platform == "cpu":
         return None
-    return jax.devices("cpu")[0]
+    return jax.local_devices(backend="cpu")[0]
 
 
 def callback_can_use(device) -> bool:

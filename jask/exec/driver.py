@@ -17,10 +17,10 @@ import numpy as np
 from jask import kernels
 from jask.exec import events, multihost
 from jask.exec.devices import compute_device, compute_devices
-from jask.exec.executor import Executor, region_bytes, usable_devices, window_limit
+from jask.exec.executor import Executor, pass_devices, region_bytes, usable_devices, window_limit
 from jask.exec.run_windows import kernels_cache
 from jask.exec.schedule import spread, window_input_bytes
-from jask.exec.sinks import PathSink, ScratchSink
+from jask.exec.sinks import ScratchSink
 from jask.graph.nodes import Node, OpNode
 from jask.graph.op import CustomOp
 from jask.graph.tiling import grid, region
@@ -42,7 +42,7 @@ def explain(nodes) -> str:
     """The plan a sink would run for these nodes: tile edge, stages, fused ops, projected memory, I/O."""
     p = make_plan(nodes)
     read, written, n_windows = planned_io(p)
-    devices = compute_devices()
+    devices = pass_devices(p, compute_devices())
     where = str(devices[0]) if len(devices) == 1 else f"{len(devices)} devices ({', '.join(map(str, devices))})"
     return (p.describe() + f"\n  {n_windows} window{'s' * (n_windows != 1)} of at most "
             f"{human_bytes(window_limit(p, len(devices)))} on {where} ({kernels.backend_name()} kernels); "
@@ -52,7 +52,7 @@ def explain(nodes) -> str:
 def planned_io(p: Plan) -> tuple[int, int, int]:
     """Bytes the plan reads from stored arrays and writes for its stages, and its windows (from its schedule)."""
     read = written = n_windows = 0
-    n = len(compute_devices())
+    n = len(pass_devices(p, compute_devices()))
     limit, batch = window_limit(p, n), window_input_bytes(compute_device())
     for group in p.groups:
         if isinstance(p.prepared[id(group[0])].op, CustomOp):
@@ -137,8 +137,7 @@ def _run(p: Plan, roots, make_sinks, devices=None):
                 results[i] = np.asarray(ex.tile_of(rr, ()))
             elif make_sinks is not None:
                 sink = make_sinks(r, p.tile)
-                results[i] = _copy(ex, rr, multihost.SharedPathSink(sink, multihost._next_key(), shared=False)
-                                   if many and isinstance(sink, PathSink) else sink)
+                results[i] = _copy(ex, rr, multihost.unshared(sink) if many else sink)
             else:
                 results[i] = rr
     for group in p.groups:
@@ -155,9 +154,9 @@ def _run(p: Plan, roots, make_sinks, devices=None):
         sinks = [make_sinks(n, p.tile) if (id(n) in root_ids and make_sinks is not None)
                  else ScratchSink(n, p.tile) for n in group]
         share, exchange = (0, 1), None
-        if many:
-            sinks, share, exchange = multihost.wrap_sinks(p, group, sinks, p.tile)
         try:
+            if many:
+                sinks, share, exchange = multihost.wrap_sinks(p, group, sinks, p.tile)
             ex.compute(group, sinks, share, exchange)
         except BaseException:
             for sink in sinks:
@@ -182,7 +181,7 @@ def _scalar(p: Plan, ex: Executor, group, many: bool):
         ((_, _, value),) = ex.run_windows(group, [()])
         return np.asarray(value)
     node = group[0]
-    got = list(ex.run_windows(group, [()], multihost.processes()))
+    got = list(ex.run_windows(group, [()], multihost.processes(), cast=False))   # folded in the acc dtype
     value = multihost.fold_scalar(np.asarray(got[0][2]) if got else None,
                                   kernels_cache.combine(p.prepared[id(node)].op), node.dtype)
     return np.zeros((), node.dtype) if value is None else np.asarray(value, node.dtype)

@@ -1,6 +1,6 @@
 """The executor: runs one plan's stages window by window, reading ahead and writing behind.
 
-One schedule (:func:`jask.exec.schedule.windows`) drives both the prefetcher,
+One schedule (:func:`jask.exec.schedule.spread`) drives both the prefetcher,
 which reads the next window's tiles while the current one computes, and the
 window runner (:mod:`jask.exec.run_windows`), which makes one kernel call per
 program shape.
@@ -55,7 +55,7 @@ class Executor:
         self.tile = p.tile
         self.backend = kernels.get_backend()
         self.backend.check_settings("+".join(p.prepared[id(n)].name for n in p.fused + p.stages))
-        self.devices = list(devices or compute_devices())
+        self.devices = pass_devices(p, devices or compute_devices())
         self.device = self.devices[0]
         # the host fallback inside a callback (see run) computes with the host's backend
         self.backend = kernels.backend_for(self.backend, self.device.platform)
@@ -92,6 +92,9 @@ class Executor:
         """
         op = self.plan.prepared[id(nodes[0])].op
         if isinstance(op, CustomOp):
+            if tuple(processes) != (0, 1) or exchange is not None:
+                raise ValueError(f"{self.plan.prepared[id(nodes[0])].name} is a custom op: it runs whole in "
+                                 f"every process, it cannot compute a share {tuple(processes)}")
             algo = OOCAlgorithm(self, nodes[0], sinks[0])
             op.forward(algo, *nodes[0].inputs)
             algo.check_complete()
@@ -108,19 +111,22 @@ class Executor:
             for node, sink in zip(nodes, sinks):
                 writer_of[id(node)] = stack.enter_context(
                     WriteBehind(sink, depth=WRITE_DEPTH, count=count if sink.counts_io else count_wait))
-            tiles = self.run_windows(nodes, indices, processes)
+            # tiles to exchange stay in the accumulator dtype: folded across processes, then cast once
+            tiles = self.run_windows(nodes, indices, processes, cast=exchange is None)
             for node, idx, tile in (tiles if exchange is None else exchange(tiles)):
                 writer_of[id(node)].put(region(idx, node.shape, self.tile), tile, key=idx)
                 count(tiles=1)
                 bar.update(1, tile.nbytes)
 
-    def run_windows(self, group, indices, processes=(0, 1)):
+    def run_windows(self, group, indices, processes=(0, 1), cast=True):
         """Yield ``(node, idx, tile)`` for every tile of ``group`` at ``indices``, computed window by window.
 
         One schedule (:func:`jask.exec.schedule.spread`) drives the reads and
         the kernel calls; the prefetcher reads the next window's tiles while the
         current window computes. Each window runs on its share's device; reads
         are counted for that device. ``processes=(i, p)``: only process i's share of p.
+        ``cast=False``: tiles stay in the dtype they were computed in (partials in the accumulator
+        dtype, for a fold across processes).
         """
         n = len(self.devices)
         sched = spread(self.plan, group, indices, window_limit(self.plan, n), window_input_bytes(self.device), n,
@@ -158,7 +164,7 @@ class Executor:
                     raise
                 count(compute_seconds=time.perf_counter() - t0)
                 for node, idx, tile in partials.finished(share, finished):
-                    yield node, idx, self._checked(node, idx, tile)
+                    yield node, idx, self._checked(node, idx, tile, cast)
 
     def _placed_reads(self, sched):
         """The pass's read requests, and what the reader threads apply to each tile read (or None).
@@ -179,12 +185,13 @@ class Executor:
 
         return requests(), lambda x: jax.device_put(x, target.device)
 
-    def _checked(self, node, idx, tile):
-        """A finished tile in the node's dtype and shape (zeros for a tile with no entries)."""
+    def _checked(self, node, idx, tile, cast=True):
+        """A finished tile in the node's dtype (unless not ``cast``) and shape (zeros for a tile with no entries)."""
         expected = block_at(node.shape, idx, self.tile)
         if tile is None:
             return np.zeros(expected, node.dtype)
-        tile = tile.astype(node.dtype, copy=False) if isinstance(tile, np.ndarray) else tile.astype(node.dtype)
+        if cast:
+            tile = tile.astype(node.dtype, copy=False) if isinstance(tile, np.ndarray) else tile.astype(node.dtype)
         if tuple(tile.shape) != expected:
             raise ValueError(f"{self.plan.prepared[id(node)].name}.forward_block produced a tile of "
                              f"shape {tuple(tile.shape)} for output tile {tuple(idx)}, expected {expected}")
@@ -200,7 +207,7 @@ def usable_devices():
     if usable:
         return usable
     warn_host_fallback(devices[0])
-    return [jax.devices("cpu")[0]]
+    return [jax.local_devices(backend="cpu")[0]]   # this process's own host CPU
 
 
 def region_bytes(store, reg) -> int:
@@ -227,11 +234,24 @@ def prefetch_depth(sizes, window_bytes: int) -> int:
     return max(PREFETCH_DEPTH, len(sizes) if best is None else best)
 
 
+def pass_devices(p: Plan, devices) -> list:
+    """The first of ``devices`` a plan's passes spread over: as many as each fit a window of the plan's
+    projection in ``1/n`` of the host budget, at least one.
+
+    The planner sizes tiles to the whole budget; n devices each keep windows of at
+    least one projected tile in flight, so more than ``budget // projected`` of them
+    would hold more than the budget together.
+    """
+    devices = list(devices)
+    return devices[:max(1, min(len(devices), config.memory_budget // max(1, p.projected_bytes)))]
+
+
 def window_limit(p: Plan, n_devices: int = 1) -> int:
     """Bytes one window may hold: the host budget, or the device's when that is smaller.
 
     With several devices each keeps its own windows in flight, so each takes
     ``1/n`` of the host budget (the device budget is per device already).
-    Never below the plan's projection of one tile, so a plan that fits runs.
+    Never below the plan's projection of one tile, so a plan that fits runs; with
+    ``n`` from :func:`pass_devices` that floor never takes n devices over the budget.
     """
     return max(p.projected_bytes, min(config.memory_budget // n_devices, device_budget()))

@@ -15,12 +15,13 @@ outputs can be shared is cut into one contiguous share per process
   in process 0's scratch folder that every process pins and reads (one host).
 * A small output that cannot be written so (in memory, or tiles a share
   boundary cuts; a gradient of weights): each process computes its share, the
-  whole output is gathered and folded alike in every process, and each writes
-  it to its own sink.
+  whole output is gathered and folded alike in every process (in the
+  accumulator dtype, cast once), and each writes it to its own sink (a user
+  path: process 0 alone).
 
-Other passes (in-memory results of large arrays, custom ops, sharded outputs,
-chunks spanning tiles, store URLs) run whole in every process, as in a single-process run;
-of those, only process 0 writes a user path. See DESIGN.md.
+Other passes (in-memory results of large arrays, custom ops and their gradients,
+sharded outputs, chunks spanning tiles, store URLs) run whole in every process, as in a
+single-process run; of those, only process 0 writes a user path. See DESIGN.md.
 """
 from __future__ import annotations
 
@@ -32,12 +33,15 @@ import numpy as np
 
 from jask.config import config
 from jask.exec.events import count
+from jask.exec.partials import fold_in_order
 from jask.exec.schedule import cuts_a_tile
 from jask.graph.nodes import OpNode, StoredNode
+from jask.graph.op import CustomOp
 from jask.graph.tiling import block_at, block_shape, grid, region
 from jask.io import dtypes, faults
 from jask.io.remote import open_store
 from jask.io.writer import make_chunk_writer
+from jask.kernels.window import widen_dtype
 
 PATH_BYTES = 4096     # longest staging path process 0 can hand the others
 _sink_numbers = itertools.count()   # names barriers alike in every process (all run the same passes)
@@ -58,6 +62,8 @@ class ProcessLostError(RuntimeError):
 
 
 def _collective(what: str, fn, *args):
+    """``fn(*args)``, a collective call alone (validate local values before it: an error raised by one
+    process only would leave the others waiting), any failure reported as a lost process."""
     try:
         return fn(*args)
     except Exception as e:   # noqa: BLE001 -- gloo, the coordination service: all mean the run is broken
@@ -72,16 +78,19 @@ def barrier(name: str, what: str = "reach a barrier") -> None:
 
 
 def fold_scalar(value, combine, dtype):
-    """``value`` (this process's partial, or None) folded with every other process's, in process order."""
-    here = np.zeros((), dtype) if value is None else np.asarray(value, dtype)
+    """``value`` (this process's partial, or None) folded with every other process's, in process order.
+
+    Folded in the accumulator dtype (float32 for bf16/f16 ``dtype``), like partials within a
+    process; the caller casts the result (None when no process had a partial) once.
+    """
+    acc_dtype = widen_dtype(dtype)
+    here = np.zeros((), acc_dtype) if value is None else np.asarray(value, acc_dtype)
     flags = _collective("gather the partial results of a scalar", _mh().process_allgather,
                         np.int32(value is not None))
     parts = _collective("gather the partial results of a scalar", _mh().process_allgather, here)
-    acc = None
-    for flag, part in zip(np.asarray(flags).reshape(-1), np.asarray(parts)):
-        if flag:
-            acc = part if acc is None else np.asarray(combine(acc, part))
-    return acc
+    return fold_in_order((part if flag else None for flag, part in zip(np.asarray(flags).reshape(-1),
+                                                                      np.asarray(parts))),
+                         lambda acc, part: np.asarray(combine(acc, part)))
 
 
 def wrap_sinks(plan, group, sinks, tile):
@@ -95,6 +104,8 @@ def wrap_sinks(plan, group, sinks, tile):
     """
     from jask.exec.sinks import PathSink, ScratchSink
     index, count = processes()
+    if isinstance(plan.prepared[id(group[0])].op, CustomOp):
+        return [unshared(s) for s in sinks], (0, 1), None     # no index map to share by: run whole
     indices = list(itertools.product(*map(range, grid(group[0].shape, tile))))
     cut = cuts_a_tile(plan, group, indices, count)
     whole_tiles = all(_one_tile_chunks(s, n, tile) for n, s in zip(group, sinks))
@@ -104,11 +115,19 @@ def wrap_sinks(plan, group, sinks, tile):
         wrapped = [SharedPathSink(s, _next_key()) if isinstance(s, PathSink) else shared_scratch(s, tile)
                    for s in sinks]
         return wrapped, (index, count), None
-    wrapped = [SharedPathSink(s, _next_key(), shared=False) if isinstance(s, PathSink) else s for s in sinks]
-    small = sum(int(np.prod(n.shape)) * np.dtype(n.dtype).itemsize for n in group) <= config.memory_budget // 8
+    wrapped = [unshared(s) for s in sinks]
+    # gather_tiles holds the output and every process's copy of it (process_allgather)
+    size = sum(int(np.prod(n.shape)) * widen_dtype(n.dtype).itemsize for n in group)
+    small = count * size <= config.memory_budget // 8
     if small and len(group) == 1:
         return wrapped, (index, count), lambda tiles: gather_tiles(plan, group[0], tile, tiles)
     return wrapped, (0, 1), None
+
+
+def unshared(sink):
+    """``sink`` for a pass every process runs whole: a user path is written by process 0 alone."""
+    from jask.exec.sinks import PathSink
+    return SharedPathSink(sink, _next_key(), shared=False) if isinstance(sink, PathSink) else sink
 
 
 _hosts: dict = {}
@@ -145,9 +164,13 @@ def _one_tile_chunks(sink, node, tile) -> bool:
 
 def gather_tiles(plan, node, tile, tiles):
     """Every tile of a small output: each process's tiles (partials where a boundary cut one),
-    gathered and folded in process order, so every process writes the same values."""
+    gathered and folded in process order, so every process writes the same values.
+
+    ``tiles`` come uncast (partials in the accumulator dtype): they are folded in it and
+    cast to the output dtype once.
+    """
     from jask.exec.run_windows import kernels_cache
-    full = np.zeros(node.shape, node.dtype)
+    full = np.zeros(node.shape, widen_dtype(node.dtype))
     held = np.zeros(grid(node.shape, tile), np.int32)
     for _, idx, t in tiles:
         full[region(idx, node.shape, tile)] = np.asarray(t)
@@ -157,11 +180,9 @@ def gather_tiles(plan, node, tile, tiles):
     helds = np.asarray(_collective(what, _mh().process_allgather, held))
     combine = kernels_cache.combine(plan.prepared[id(node)].op)
     for idx in itertools.product(*map(range, held.shape)):
-        acc = None
-        for p in range(helds.shape[0]):
-            if helds[p][idx]:
-                part = fulls[p][region(idx, node.shape, tile)]
-                acc = part if acc is None else np.asarray(combine(acc, part))
+        reg = region(idx, node.shape, tile)
+        acc = fold_in_order((fulls[p][reg] if helds[p][idx] else None for p in range(helds.shape[0])),
+                            lambda acc, part: np.asarray(combine(acc, part)))
         yield node, idx, (np.zeros(block_at(node.shape, idx, tile), node.dtype) if acc is None
                           else np.asarray(acc, node.dtype))
 
@@ -169,8 +190,8 @@ def gather_tiles(plan, node, tile, tiles):
 def shared_scratch(local, tile):
     """A scratch stage written by every process into one store, which every process then reads.
 
-    Process 0 places it in its scratch folder (which the others must see: one
-    host, or a shared ``JASK_SCRATCH_DIR``) under a *retired* name, and every
+    Process 0 places it in its scratch folder (which the others must see: only
+    when every process runs on one host, :func:`one_host`) under a *retired* name, and every
     process pins it, so the last process to let go deletes it
     (:mod:`jask.io.pins`), never one still reading.
     """
@@ -179,7 +200,7 @@ def shared_scratch(local, tile):
     local.abort()                                   # the per-process store is not used
     key = _next_key()
     final = os.path.join(scratch.process_dir(), f".shared-{key}.zarr.jask-old-shared")
-    path = _collective("share a scratch stage's path", _broadcast_text, final if processes()[0] == 0 else "")
+    path = _broadcast_text("share a scratch stage's path", final if processes()[0] == 0 else "")
     return SharedPathSink(PathSink(local.node, tile, path), key, adopt=local.node)
 
 
@@ -197,8 +218,8 @@ class SharedPathSink:
         if self.index != 0:
             sink.pending.abort()            # its own staging folder is not used
         if shared:
-            path = _collective(f"share the staging folder of {sink.pending.final_path}", _broadcast_text,
-                               sink.pending.tmp_path if self.index == 0 else "")
+            path = _broadcast_text(f"share the staging folder of {sink.pending.final_path}",
+                                   sink.pending.tmp_path if self.index == 0 else "")
             if self.index != 0:
                 import zarr
                 self.array = zarr.open_array(path, mode="r+")
@@ -241,11 +262,20 @@ class SharedPathSink:
         self.sink.abort()
 
 
-def _broadcast_text(text: str) -> str:
+_TOO_LONG = 0xFF   # a first byte UTF-8 never has: process 0's text did not fit
+
+
+def _broadcast_text(what: str, text: str) -> str:
+    """Process 0's ``text``, in every process. A text too long to send fails in every process alike
+    (a ``ValueError`` after the broadcast), never in process 0 alone while the others wait."""
     raw = text.encode()
-    if len(raw) > PATH_BYTES:
-        raise ValueError(f"staging path longer than {PATH_BYTES} bytes: {text[:200]}...")
     buf = np.zeros(PATH_BYTES, np.uint8)
-    buf[:len(raw)] = np.frombuffer(raw, np.uint8)
-    out = np.asarray(_mh().broadcast_one_to_all(buf))
+    if len(raw) > PATH_BYTES:
+        buf[0] = _TOO_LONG
+    else:
+        buf[:len(raw)] = np.frombuffer(raw, np.uint8)
+    out = np.asarray(_collective(what, _mh().broadcast_one_to_all, buf))
+    if out[0] == _TOO_LONG:
+        raise ValueError(f"jask: could not {what}: process 0's path is longer than {PATH_BYTES} bytes"
+                         + (f": {text[:200]}..." if text else ""))
     return bytes(out[out != 0]).decode()

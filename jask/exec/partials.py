@@ -43,8 +43,17 @@ class Partials:
             return None
         parts.sort(key=lambda p: p[0])    # share order: the same sum every run
         device = self.devices[parts[0][0]]
-        combine = self.combine_of(node)
-        acc = parts[0][1]
-        for _, part in parts[1:]:
-            acc = combine(acc, jax.device_put(part, device))
-        return acc
+        return fold_in_order((part if k == 0 else jax.device_put(part, device) for k, (_, part) in enumerate(parts)),
+                             self.combine_of(node))
+
+
+def fold_in_order(parts, combine):
+    """``parts`` folded left to right with ``combine``, skipping missing ones (None); None if all are.
+
+    The one fold of partials in a fixed order (shares, processes), so every run adds alike.
+    """
+    acc = None
+    for part in parts:
+        if part is not None:
+            acc = part if acc is None else combine(acc, part)
+    return acc

@@ -128,8 +128,9 @@ def empty_result(name, cls, out):
     """An op's result when an input is empty (a 0-size axis), computed without running anything.
 
     An empty result is the storage-free zero node of its shape. A non-empty one
-    (a sum over an empty axis) is the op's identity ``cls.empty_value``, which
-    must be 0; ops without one (max) refuse, as jnp does. Nothing depends on the
+    (a sum over an empty axis) is the op's identity ``cls.empty_value``: any value
+    for a scalar result, only 0 for an array result (the zeros node; another value
+    is refused). Ops without one (max) refuse, as jnp does. Nothing depends on the
     inputs' values, so the gradient is the zero (empty) gradient.
     """
     if out.size == 0:
@@ -139,6 +140,9 @@ def empty_result(name, cls, out):
         raise ValueError(f"{name} of an empty array has no identity: its result of shape {out.shape} has no value")
     if out.shape == ():
         return jax.numpy.full((), value, out.dtype)
+    if value != 0:
+        raise NotImplementedError(f"{name} over an empty axis: an array result filled with its identity "
+                                  f"empty_value={value!r} is not supported (only 0, the zeros node)")
     return DiskArray(node=zeros_node(out.shape, out.dtype))
 
 

@@ -272,7 +272,8 @@ def _all_prims(jaxpr) -> set:
 
 
 def unlowerable(op, spec, acc_dtype, target: str) -> str | None:
-    """The first primitive of ``op``'s program that Pallas cannot lower on ``target`` (None if all can)."""
+    """What of ``op``'s program Pallas cannot lower on ``target`` (None if all can): the first such
+    primitive, else a dtype it cannot load, as ``"<dtype> vectors"`` (e.g. ``"float16 vectors"``)."""
     import jax
     fwd = jax.make_jaxpr(op.forward_block)(*spec.leaf_structs).jaxpr
     acc = jax.ShapeDtypeStruct(spec.out_block, acc_dtype)
