@@ -135,7 +135,7 @@ def reshape(a, shape=None, order="C", *, newshape=None):
         return _sum(a)
     groups = _groups(t.shape, shape)
     tile = default_tile(t.shape, t.dtype.itemsize)
-    if any(len(gin) + len(gout) > 2 and max(t.shape[a] for a in gin) > tile or max(shape[a] for a in gout) > tile
+    if any(len(gin) + len(gout) > 2 and (max(t.shape[a] for a in gin) > tile or max(shape[a] for a in gout) > tile)
            for gin, gout in groups):
         return regroup(a, t.shape, shape, groups)      # regrouped axes span tiles: gather across them
     regrouped = {o for gin, gout in groups if len(gin) + len(gout) > 2 for o in gout}
