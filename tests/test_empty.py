@@ -85,3 +85,12 @@ def test_grad_through_materialize(jit):
     assert isinstance(g, jask.DiskArray)
     np.testing.assert_allclose(float(value), float(ref_value), rtol=1e-5)
     np.testing.assert_allclose(np.asarray(g), ref_g, rtol=1e-5, atol=1e-6)
+
+
+def test_reshape_of_an_empty_array_matches_jnp(small_tiles):
+    for src, dst in [((0, 12), (12, 0)), ((3, 0), (0, 5, 2)), ((0, 4), (-1,))]:
+        e = jnp.zeros(src, jnp.float32)
+        got = jask.from_numpy(np.asarray(e)).reshape(dst)
+        want = e.reshape(dst)
+        assert got.shape == want.shape and got.dtype == want.dtype
+        np.testing.assert_array_equal(np.asarray(got), want)

@@ -133,6 +133,8 @@ def reshape(a, shape=None, order="C", *, newshape=None):
     if shape == ():
         from jask.ops.reductions import sum as _sum
         return _sum(a)
+    if t.size == 0:
+        return DiskArray(node=zeros_node(shape, t.dtype))     # nothing to move; _groups needs nonzero sizes
     groups = _groups(t.shape, shape)
     tile = default_tile(t.shape, t.dtype.itemsize)
     if any(len(gin) + len(gout) > 2 and (max(t.shape[a] for a in gin) > tile or max(shape[a] for a in gout) > tile)
