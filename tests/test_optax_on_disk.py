@@ -179,6 +179,14 @@ def test_on_disk_runs_calls_inline_and_in_memory_loops_as_jax():
     np.testing.assert_array_equal(np.asarray(jask.on_disk(f)(jask.from_numpy(A))), f(A))
 
 
+def test_on_disk_full_reductions_keep_the_traced_dtype():
+    A = (np.arange(24, dtype=np.int8).reshape(4, 6) * 7)
+    f = lambda x: (jnp.sum(x, dtype=jnp.int8), jnp.max(x), jnp.sum(x, axis=0, dtype=jnp.int8))   # noqa: E731
+    for got, want in zip(jask.on_disk(f)(jask.from_numpy(A)), f(A)):
+        assert got.dtype == want.dtype
+        np.testing.assert_array_equal(np.asarray(got), want)
+
+
 def test_jax_values_on_the_left_still_reach_disk_array_operators():
     """The refusal above is for jnp functions only: ``jnp.float32(3) * x`` and ``s < x`` (s traced) still work."""
     A = np.arange(12, dtype=np.float32).reshape(3, 4) - 5

@@ -147,8 +147,11 @@ class _Evaluator:
                 f"jask.on_disk({self.name}): the JAX primitive {name!r} on a DiskArray operand is not supported "
                 "(elementwise primitives, reductions, reshapes, transposes, broadcasts, jit calls (not loops) and "
                 "contractions without batch axes are); compute that step with jask.numpy")
-        if is_disk_array(out) and type_of(out).dtype != out_aval.dtype:
-            out = elementwise.astype(out, out_aval.dtype)
+        if is_disk_array(out):
+            if type_of(out).dtype != out_aval.dtype:
+                out = elementwise.astype(out, out_aval.dtype)
+        elif out.dtype != out_aval.dtype:     # a full reduction's JAX scalar (jnp.sum(x_int8, dtype=int8))
+            out = jax.numpy.asarray(out).astype(out_aval.dtype)
         return out
 
 
