@@ -123,3 +123,9 @@ def test_pass_through_reshapes_on_a_long_axis_are_free_not_gathers(small_tiles):
                       (knp.expand_dims(a[1], 0), A[1][None])]:
         assert type(got._node).__name__ == "OpNode" and got._node.spec.cls.__name__ == "Reshape"
         np.testing.assert_array_equal(np.asarray(got), want)
+
+
+def test_take_on_an_axis_past_int32_row_numbers_is_refused_before_building_columns():
+    long = jask.numpy.zeros((2**31 + 5,), np.int8)     # storage-free: nothing is read or written
+    with pytest.raises(NotImplementedError, match="longer than the int32 row numbers"):
+        jask.numpy.take(long, np.array([0, 2**31 + 2]), axis=0)
