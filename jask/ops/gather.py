@@ -37,7 +37,7 @@ class Take(BlockParallelOp):
     @classmethod
     def from_inputs(cls, x, rows, idx, axis, indices):
         block, out_block = x.block_shape[axis], idx.block_shape[axis]
-        indices = np.asarray(indices, np.int64)
+        indices = np.frombuffer(indices, np.int64) if isinstance(indices, bytes) else np.asarray(indices, np.int64)
         sources = tuple(tuple(int(b) for b in np.unique(indices[j:j + out_block] // block))
                         for j in range(0, len(indices), out_block))
         out_shape = x.shape[:axis] + (len(indices),) + x.shape[axis + 1:]
@@ -121,7 +121,8 @@ def take(a, indices, axis=None, mode=None, fill_value=None):
         raise ValueError(f"take: axis {axis} is out of bounds for an array of shape {t.shape}")
     idx = _indices("take", indices, t.shape[axis])
     rows = iota(t.shape[axis], axis, t.ndim, "take")     # refuses an axis past int32 row numbers
-    return _take(a, rows, column(idx, axis, t.ndim, "take"), axis=axis, indices=tuple(idx.tolist()))
+    return _take(a, rows, column(idx, axis, t.ndim, "take"), axis=axis,
+                 indices=idx.astype(np.int64).tobytes())   # compact and hashable: 8 B an index, not a Python int
 
 
 def is_array_index(k) -> bool:
