@@ -79,6 +79,17 @@ def _map(f, *trees):
     return jax.tree.map(f, *trees, is_leaf=is_disk_array)
 
 
+def _persist_tree(tree):
+    """``tree`` with its DiskArray leaves stored, all in the next pass that runs (``persist(defer=True)``)."""
+    leaves, treedef = jax.tree.flatten(tree, is_leaf=is_disk_array)
+    disk = [i for i, x in enumerate(leaves) if is_disk_array(x)]
+    if disk:
+        stored = persist(*[leaves[i] for i in disk], defer=True)
+        for i, x in zip(disk, stored if isinstance(stored, tuple) else (stored,)):
+            leaves[i] = x
+    return jax.tree.unflatten(treedef, leaves)
+
+
 def adam(learning_rate, b1: float = 0.9, b2: float = 0.999, eps: float = 1e-8) -> optax.GradientTransformation:
     """Adam (Kingma & Ba) for DiskArray parameters.
 
@@ -97,12 +108,7 @@ def adam(learning_rate, b1: float = 0.9, b2: float = 0.999, eps: float = 1e-8) -
         mu = _map(lambda g, m: add(mul(m, b1), mul(g, 1.0 - b1)), updates, state.mu)
         nu = _map(lambda g, v: add(mul(v, b2), mul(square(g), 1.0 - b2)), updates, state.nu)
         # stored in the pass that next runs (the parameter update reads them): W, g's inputs, m and v once
-        stored = persist(*_leaves(mu), *_leaves(nu), defer=True)
-        stored = stored if isinstance(stored, tuple) else (stored,)
-        treedef = jax.tree.structure(mu, is_leaf=is_disk_array)
-        n = treedef.num_leaves
-        mu = jax.tree.unflatten(treedef, stored[:n])
-        nu = jax.tree.unflatten(treedef, stored[n:])
+        mu, nu = _persist_tree((mu, nu))
         t = count.astype(jnp.float32)
         c1 = 1.0 / (1.0 - jnp.float32(b1) ** t)
         c2 = 1.0 / (1.0 - jnp.float32(b2) ** t)
@@ -130,13 +136,7 @@ def on_disk(transformation: optax.GradientTransformation) -> optax.GradientTrans
 
     def update_fn(updates, state, params=None, **extra):
         updates, state = update(updates, state, params, **extra)
-        leaves, treedef = jax.tree.flatten(state, is_leaf=is_disk_array)
-        disk = [i for i, x in enumerate(leaves) if is_disk_array(x)]
-        if disk:
-            stored = persist(*[leaves[i] for i in disk], defer=True)
-            for i, x in zip(disk, stored if isinstance(stored, tuple) else (stored,)):
-                leaves[i] = x
-        return updates, jax.tree.unflatten(treedef, leaves)
+        return updates, _persist_tree(state)
 
     return transformation._replace(init=init, update=update_fn)
 

@@ -98,3 +98,12 @@ def test_an_identity_other_than_zero_is_refused_for_an_array_result():
     assert float(f(x)) == 1.0
     with pytest.raises(NotImplementedError, match="empty_value=1"):
         f(x, axis=0)
+
+
+def test_reshape_of_an_empty_array_matches_jnp(small_tiles):
+    for src, dst in [((0, 12), (12, 0)), ((3, 0), (0, 5, 2)), ((0, 4), (-1,))]:
+        e = jnp.zeros(src, jnp.float32)
+        got = jask.from_numpy(np.asarray(e)).reshape(dst)
+        want = e.reshape(dst)
+        assert got.shape == want.shape and got.dtype == want.dtype
+        np.testing.assert_array_equal(np.asarray(got), want)

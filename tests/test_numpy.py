@@ -246,3 +246,25 @@ def test_errors_name_the_op_and_shapes(small_tiles):
         knp.sum(a, where=a > 0)
     with pytest.raises(TypeError, match="jask.from_numpy"):
         knp.mean(np.ones(SHAPE))
+
+
+def test_creation_dtypes_match_jnp(small_tiles):
+    """Dtypes canonical as in jnp (float -> float32 without x64); full with an array fill honours dtype=."""
+    row = np.arange(3, dtype=np.float32)
+    cases = [(lambda m: m.zeros(3, float), None), (lambda m: m.ones(3, float), None),
+             (lambda m: m.zeros(3, np.int64), None), (lambda m: m.full((2, 3), 1.5, np.float64), None),
+             (lambda m, a: m.zeros_like(a), np.zeros(3)), (lambda m, a: m.ones_like(a, dtype=float), row),
+             (lambda m, a: m.full((2, 3), a, dtype=np.int32), row), (lambda m, a: m.full((2, 3), a), row),
+             (lambda m, a: m.full_like(a, 2, dtype=float), row)]
+    for make, arg in cases:
+        want = make(jnp) if arg is None else make(jnp, arg)
+        got = make(jask.numpy) if arg is None else make(jask.numpy, jask.from_numpy(arg))
+        assert isinstance(got, jask.DiskArray) and got.dtype == want.dtype and got.shape == want.shape
+        np.testing.assert_array_equal(np.asarray(got), want)
+
+
+def test_broadcast_to_and_full_with_a_traced_array_refuse_clearly(small_tiles):
+    v = jnp.arange(3.0)
+    for f in (lambda v: jask.numpy.broadcast_to(v, (2, 3)), lambda v: jask.numpy.full((2, 3), v)):
+        with pytest.raises(NotImplementedError, match=r"traced in-memory array of shape \(3,\).*jask.from_numpy"):
+            jax.jit(f)(v)

@@ -156,6 +156,37 @@ def test_on_disk_unsupported_primitive_is_named():
         jask.on_disk(lambda x: jnp.cumsum(x, axis=0))(x)
 
 
+@pytest.mark.parametrize("loop", [
+    lambda x: jax.lax.fori_loop(0, 3, lambda i, c: c * 2.0, x),
+    lambda x: jax.lax.scan(lambda c, t: (c + t, None), x, jnp.arange(3.0))[0],
+    lambda x: jax.lax.while_loop(lambda c: c[0] < 3, lambda c: (c[0] + 1, c[1] * 2.0), (0, x))[1],
+    lambda x: jax.lax.cond(True, lambda c: c * 2.0, lambda c: c, x),
+], ids=["fori_loop", "scan", "while_loop", "cond"])
+def test_on_disk_refuses_loops_instead_of_running_the_body_once(loop):
+    x = jask.from_numpy(np.ones((4, 6), np.float32))
+    with pytest.raises(NotImplementedError, match="cannot run a loop body.*under jax.jit with the DiskArrays as carries"):
+        jask.on_disk(loop)(x)
+
+
+def test_on_disk_runs_calls_inline_and_in_memory_loops_as_jax():
+    A = np.arange(12, dtype=np.float32).reshape(3, 4) - 5
+
+    def f(x):
+        n = jax.lax.fori_loop(0, 3, lambda i, c: c * 2.0, jnp.float32(1))   # no DiskArray: bound as JAX
+        y = jax.jit(lambda z: z * n)(x)
+        return jax.checkpoint(lambda z: jax.nn.relu(z) + 1.0)(y)
+
+    np.testing.assert_array_equal(np.asarray(jask.on_disk(f)(jask.from_numpy(A))), f(A))
+
+
+def test_on_disk_full_reductions_keep_the_traced_dtype():
+    A = (np.arange(24, dtype=np.int8).reshape(4, 6) * 7)
+    f = lambda x: (jnp.sum(x, dtype=jnp.int8), jnp.max(x), jnp.sum(x, axis=0, dtype=jnp.int8))   # noqa: E731
+    for got, want in zip(jask.on_disk(f)(jask.from_numpy(A)), f(A)):
+        assert got.dtype == want.dtype
+        np.testing.assert_array_equal(np.asarray(got), want)
+
+
 def test_jax_values_on_the_left_still_reach_disk_array_operators():
     """The refusal above is for jnp functions only: ``jnp.float32(3) * x`` and ``s < x`` (s traced) still work."""
     A = np.arange(12, dtype=np.float32).reshape(3, 4) - 5

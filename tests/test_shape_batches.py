@@ -114,3 +114,18 @@ def test_index_array_from_disk_and_reads_only_the_tiles_it_needs(small_tiles):
         got = np.asarray(a[idx])
     np.testing.assert_array_equal(got, A[idx])
     assert p.bytes_read < A.nbytes / 4      # one row tile of A (and the small index columns), not all of A
+
+
+def test_pass_through_reshapes_on_a_long_axis_are_free_not_gathers(small_tiles):
+    A = _arr((3, 10))          # axis 1 spans three tiles of 4
+    a = jask.from_numpy(A)
+    for got, want in [(a[0], A[0]), (a[:, 0], A[:, 0]), (knp.expand_dims(a, 1), np.expand_dims(A, 1)),
+                      (knp.expand_dims(a[1], 0), A[1][None])]:
+        assert type(got._node).__name__ == "OpNode" and got._node.spec.cls.__name__ == "Reshape"
+        np.testing.assert_array_equal(np.asarray(got), want)
+
+
+def test_take_on_an_axis_past_int32_row_numbers_is_refused_before_building_columns():
+    long = jask.numpy.zeros((2**31 + 5,), np.int8)     # storage-free: nothing is read or written
+    with pytest.raises(NotImplementedError, match="longer than the int32 row numbers"):
+        jask.numpy.take(long, np.array([0, 2**31 + 2]), axis=0)

@@ -16,27 +16,15 @@ import jax.numpy as jnp
 import numpy as np
 
 from jask.hijax.array import is_disk_array, type_of
-from jask.hijax.compat import is_traced
 from jask.linalg.dot import dot as _dot
 from jask.ops import elementwise as ew
 from jask.ops import reductions as red
 from jask.ops import shape as shp
-from jask.api.sources import from_numpy
-
-
-def _operand(name, x):
-    if is_disk_array(x):
-        return x
-    if is_traced(x):
-        raise NotImplementedError(
-            f"{name}: a traced in-memory array of shape {np.shape(x)} cannot meet a DiskArray yet (inside jit "
-            "or grad, weights must be DiskArrays: jask.from_numpy them outside jit); or read row batches into "
-            "memory with jask.batches and use jax.numpy")
-    return from_numpy(np.asarray(x))
+from jask.ops.operands import as_operand
 
 
 def _promoted(name, *xs):
-    xs = [_operand(name, x) for x in xs]
+    xs = [as_operand(name, x) for x in xs]
     dtype = np.dtype(jnp.result_type(*[type_of(x).dtype for x in xs]))
     return [x if type_of(x).dtype == dtype else ew.astype(x, dtype) for x in xs]
 

@@ -7,12 +7,15 @@ witness, so NumPy broadcasting does the work tile by tile.
 """
 from __future__ import annotations
 
+import jax
 import jax.numpy as jnp
 import numpy as np
 
 from jask.hijax.array import DiskArray, is_disk_array, type_of, zeros_node
+from jask.hijax.compat import is_traced
 from jask.hijax.make_op import make_op
-from jask.ops.elementwise import Elementwise
+from jask.ops.elementwise import Elementwise, astype
+from jask.ops.operands import as_operand
 
 
 def _shape(shape, name):
@@ -23,8 +26,10 @@ def _shape(shape, name):
 
 
 def _dtype(dtype, fill_value=0.0):
-    """jnp's default: ``dtype`` if given, else the fill value's (a Python float gives float32 without x64)."""
-    return np.dtype(jnp.dtype(dtype) if dtype is not None else jnp.result_type(fill_value))
+    """jnp's dtype: ``dtype`` if given, else the fill value's, canonical (float gives float32 without x64)."""
+    if dtype is None:
+        dtype = type_of(fill_value).dtype if is_disk_array(fill_value) else jnp.result_type(fill_value)
+    return np.dtype(jax.dtypes.canonicalize_dtype(jnp.dtype(dtype)))
 
 
 class _Witnessed(Elementwise):
@@ -53,7 +58,10 @@ def full(shape, fill_value, dtype=None) -> DiskArray:
     """``jnp.full``: every element ``fill_value`` (a number or a 0-d value), filled tile by tile."""
     shape, dtype = _shape(shape, "full"), _dtype(dtype, fill_value)
     if np.ndim(fill_value) != 0:
-        return broadcast_to(jnp.asarray(fill_value, dtype) if not is_disk_array(fill_value) else fill_value, shape)
+        if not is_disk_array(fill_value) and not is_traced(fill_value):
+            fill_value = np.asarray(fill_value, dtype)
+        fill = as_operand("full", fill_value)
+        return broadcast_to(fill if type_of(fill).dtype == dtype else astype(fill, dtype), shape)
     witness = DiskArray(node=zeros_node(shape, np.dtype(bool)))
     if isinstance(fill_value, (bool, int, float)):
         return _witnessed(witness, fn=_fill, consts=((1, fill_value),), params=(("dtype", dtype),), name="full")
@@ -67,7 +75,7 @@ def ones(shape, dtype=None) -> DiskArray:
 
 def _like(a, dtype, shape):
     t = type_of(a) if is_disk_array(a) else a
-    return (t.shape if shape is None else shape), (t.dtype if dtype is None else dtype)
+    return (t.shape if shape is None else shape), _dtype(t.dtype if dtype is None else dtype)
 
 
 def zeros_like(a, dtype=None, shape=None) -> DiskArray:
@@ -104,7 +112,6 @@ def broadcast_to(array, shape) -> DiskArray:
     if is_disk_array(array) and in_shape == shape:
         return array
     witness = DiskArray(node=zeros_node(shape, np.dtype(bool)))
-    if not is_disk_array(array) and np.ndim(array) != 0:
-        from jask.api.sources import from_numpy
-        array = from_numpy(np.asarray(array))    # an in-memory operand is stored once, then read per tile
+    if np.ndim(array) != 0:
+        array = as_operand("broadcast_to", array)    # an in-memory operand is stored once, then read per tile
     return _witnessed(witness, array, fn=_broadcast, name="broadcast_to")

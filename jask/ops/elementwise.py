@@ -28,7 +28,7 @@ from jask.hijax.compat import is_traced
 from jask.linalg.add import add as _seed_add
 from jask.linalg.mul import mul as _seed_mul
 from jask.linalg.sub import sub as _seed_sub
-from jask.api.sources import from_numpy
+from jask.ops.operands import as_operand
 
 _PYTHON_SCALARS = (bool, int, float, complex)
 
@@ -118,12 +118,8 @@ def _operands(name, args):
             operands.append(x)
         elif x is None or isinstance(x, _PYTHON_SCALARS):
             consts.append((pos, x))
-        elif isinstance(x, (np.ndarray, jax.Array, list, tuple)) and not is_traced(x):
-            operands.append(from_numpy(np.asarray(x)))   # in-memory operand: written to scratch once
-        elif is_traced(x):
-            raise NotImplementedError(
-                f"{name}: a traced in-memory array of shape {np.shape(x)} cannot be an operand of a DiskArray "
-                "op yet; pass it as a DiskArray (jask.from_numpy outside jit) or as a 0-d scalar")
+        elif isinstance(x, (np.ndarray, jax.Array, list, tuple)) or is_traced(x):
+            operands.append(as_operand(name, x))   # in-memory operand: written to scratch once; traced: refused
         else:
             raise TypeError(f"{name} cannot take an operand of type {type(x).__name__}")
     return operands, tuple(consts)

@@ -19,17 +19,11 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from jask.api.sources import from_numpy
 from jask.graph.op import BlockParallelOp
 from jask.hijax.array import is_disk_array, type_of
 from jask.hijax.compat import is_traced
 from jask.hijax.make_op import make_op
-
-
-def _column(values, axis, ndim):
-    """A 1-D int32 array laid along ``axis`` of an ``ndim``-d array (size-1 elsewhere)."""
-    values = np.asarray(values, np.int32)
-    return from_numpy(values.reshape([values.size if b == axis else 1 for b in range(ndim)]))
+from jask.ops.operands import column, iota
 
 
 class Take(BlockParallelOp):
@@ -43,7 +37,7 @@ class Take(BlockParallelOp):
     @classmethod
     def from_inputs(cls, x, rows, idx, axis, indices):
         block, out_block = x.block_shape[axis], idx.block_shape[axis]
-        indices = np.asarray(indices, np.int64)
+        indices = np.frombuffer(indices, np.int64) if isinstance(indices, bytes) else np.asarray(indices, np.int64)
         sources = tuple(tuple(int(b) for b in np.unique(indices[j:j + out_block] // block))
                         for j in range(0, len(indices), out_block))
         out_shape = x.shape[:axis] + (len(indices),) + x.shape[axis + 1:]
@@ -126,8 +120,9 @@ def take(a, indices, axis=None, mode=None, fill_value=None):
     if not 0 <= axis < t.ndim:
         raise ValueError(f"take: axis {axis} is out of bounds for an array of shape {t.shape}")
     idx = _indices("take", indices, t.shape[axis])
-    rows = _column(np.arange(t.shape[axis]), axis, t.ndim)
-    return _take(a, rows, _column(idx, axis, t.ndim), axis=axis, indices=tuple(idx.tolist()))
+    rows = iota(t.shape[axis], axis, t.ndim, "take")     # refuses an axis past int32 row numbers
+    return _take(a, rows, column(idx, axis, t.ndim, "take"), axis=axis,
+                 indices=idx.astype(np.int64).tobytes())   # compact and hashable: 8 B an index, not a Python int
 
 
 def is_array_index(k) -> bool:

@@ -29,7 +29,7 @@ from jask.graph.op import BlockParallelOp
 from jask.hijax.array import is_disk_array, type_of
 from jask.hijax.make_op import make_op
 from jask.hijax.compat import is_traced
-from jask.api.sources import from_numpy
+from jask.ops.operands import as_operand, iota
 
 MAX_STEP = 16   # an output tile reads |step| + 1 input tiles per axis: beyond this, refuse
 
@@ -80,9 +80,9 @@ class Strided(BlockParallelOp):
     def forward_block(self, *blocks):
         xs, iotas = blocks[:self.n_x], blocks[self.n_x:]
         cat = _assemble(list(xs), self.ks, self.axes)
-        for a, start, step, block, iota, n in zip(self.axes, self.starts, self.steps, self.blocks, iotas,
-                                                  (self.shape[a] for a in self.axes)):
-            rows = start + step * iota.reshape(-1)
+        for a, start, step, block, out_rows, n in zip(self.axes, self.starts, self.steps, self.blocks, iotas,
+                                                      (self.shape[a] for a in self.axes)):
+            rows = start + step * out_rows.reshape(-1)
             valid = (rows >= 0) & (rows < n)
             first = jnp.min(jnp.where(valid, rows, n)) // block
             local = jnp.clip(rows - first * block, 0, cat.shape[a] - 1)
@@ -115,8 +115,6 @@ def _assemble(blocks, ks, axes):
 _strided = make_op(Strided, name="strided")
 
 
-def _iota(m, axis, ndim):
-    return from_numpy(np.arange(m, dtype=np.int32).reshape([m if b == axis else 1 for b in range(ndim)]))
 
 
 def strided(x, starts, steps, out_shape, name="strided"):
@@ -133,7 +131,7 @@ def strided(x, starts, steps, out_shape, name="strided"):
                                       "supported: take a contiguous slice, or jask.persist a coarser slice first")
     kwargs = dict(axes=tuple(moving), starts=tuple(int(starts[a]) for a in moving),
                   steps=tuple(int(steps[a]) for a in moving), out_shape=out_shape)
-    iotas = [_iota(out_shape[a], a, t.ndim) for a in moving]
+    iotas = [iota(out_shape[a], a, t.ndim, name) for a in moving]
     n_x = math.prod(positions(kwargs["steps"][j]) for j in range(len(moving)))
     return _strided(*([x] * n_x), *iotas, **kwargs)
 
@@ -218,15 +216,6 @@ def pad_axis(x, axis, before, after):
     return strided(x, starts, steps, shape, name="pad")
 
 
-def _as_operand(name, x):
-    if is_disk_array(x):
-        return x
-    if is_traced(x):
-        raise NotImplementedError(f"{name}: a traced in-memory array of shape {np.shape(x)} cannot be joined "
-                                  "with DiskArrays yet; pass it as a DiskArray (jask.from_numpy outside jit)")
-    return from_numpy(np.asarray(x))
-
-
 def concatenate(arrays, axis=0, dtype=None):
     """``jnp.concatenate``: pieces padded to their places and summed, in one fused pass (jnp promotion)."""
     from jask.ops import elementwise as ew
@@ -235,7 +224,7 @@ def concatenate(arrays, axis=0, dtype=None):
         raise ValueError("concatenate needs at least one array")
     if not any(is_disk_array(a) for a in arrays):
         return jnp.concatenate(arrays, axis=axis, dtype=dtype)
-    arrays = [_as_operand("concatenate", a) for a in arrays]
+    arrays = [as_operand("concatenate", a) for a in arrays]
     shapes = [type_of(a).shape for a in arrays]
     ndim = len(shapes[0])
     if axis is None:
@@ -267,7 +256,7 @@ def stack(arrays, axis=0, dtype=None):
     arrays = list(arrays)
     if not any(is_disk_array(a) for a in arrays):
         return jnp.stack(arrays, axis=axis, dtype=dtype)
-    arrays = [_as_operand("stack", a) for a in arrays]
+    arrays = [as_operand("stack", a) for a in arrays]
     shapes = {type_of(a).shape for a in arrays}
     if len(shapes) != 1:
         raise ValueError(f"stack needs arrays of one shape, got {', '.join(map(str, sorted(shapes)))}")

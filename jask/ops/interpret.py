@@ -51,11 +51,27 @@ def _freeze(params):
     return tuple(sorted(params.items()))
 
 
+# primitives that call a sub-jaxpr exactly once on their operands, so evaluating the body once is exact
+CALLS = frozenset("""
+jit pjit closed_call core_call remat remat2 checkpoint custom_jvp_call custom_vjp_call custom_vjp_call_jaxpr
+""".split())
+
+
 def _sub_jaxpr(params):
     for key in ("jaxpr", "call_jaxpr", "fun_jaxpr"):
         if key in params:
             return params[key]
     return None
+
+
+def _is_jaxpr(v):
+    return hasattr(v, "eqns") or (hasattr(v, "jaxpr") and hasattr(v, "consts"))
+
+
+def _higher_order(params):
+    """Whether any parameter holds a jaxpr (a loop, branch or mapped body: scan, while, cond, shard_map)."""
+    return any(_is_jaxpr(v) or (isinstance(v, (tuple, list)) and any(_is_jaxpr(b) for b in v))
+               for v in params.values())
 
 
 def _literal(v):
@@ -90,9 +106,15 @@ class _Evaluator:
                     and tuple(out_aval.shape) in self.disk_shapes):
                 return creation.full(out_aval.shape, args[0], out_aval.dtype)
             return compat.bind_equation(eqn, *args)
-        sub = _sub_jaxpr(params)
-        if sub is not None:
-            return self.run(sub, *args)
+        if prim.name in CALLS and _sub_jaxpr(params) is not None:
+            return self.run(_sub_jaxpr(params), *args)
+        if _higher_order(params):
+            raise NotImplementedError(
+                f"jask.on_disk({self.name}): the JAX primitive {prim.name!r} (a loop, branch or mapped body: "
+                "lax.scan, fori_loop, while_loop, cond, shard_map) has a DiskArray operand; on_disk evaluates each "
+                "primitive once, so it cannot run a loop body. Write the loop outside on_disk: call "
+                "jax.lax.fori_loop/scan/while_loop/cond under jax.jit with the DiskArrays as carries, and use "
+                "jask.on_disk (or jask.numpy) inside the loop body")
         if prim.name in ELEMENTWISE:
             if prim.name in ("copy", "copy_p"):
                 return args[0]
@@ -123,10 +145,13 @@ class _Evaluator:
         else:
             raise NotImplementedError(
                 f"jask.on_disk({self.name}): the JAX primitive {name!r} on a DiskArray operand is not supported "
-                "(elementwise primitives, reductions, reshapes, transposes, broadcasts, jit calls and "
+                "(elementwise primitives, reductions, reshapes, transposes, broadcasts, jit calls (not loops) and "
                 "contractions without batch axes are); compute that step with jask.numpy")
-        if is_disk_array(out) and type_of(out).dtype != out_aval.dtype:
-            out = elementwise.astype(out, out_aval.dtype)
+        if is_disk_array(out):
+            if type_of(out).dtype != out_aval.dtype:
+                out = elementwise.astype(out, out_aval.dtype)
+        elif out.dtype != out_aval.dtype:     # a full reduction's JAX scalar (jnp.sum(x_int8, dtype=int8))
+            out = jax.numpy.asarray(out).astype(out_aval.dtype)
         return out
 
 

@@ -27,7 +27,7 @@ from jask.graph.op import BlockParallelOp
 from jask.hijax.array import is_disk_array, type_of
 from jask.hijax.make_op import make_op
 from jask.ops import elementwise as ew
-from jask.api.sources import from_numpy
+from jask.ops.operands import iota
 
 
 def normalize_axis(axis, ndim, name="reduction") -> tuple[int, ...]:
@@ -262,8 +262,7 @@ def _arg_extremum(name, op, a, axis, keepdims):
         raise ValueError(f"{name} of an empty array")
     axes = normalize_axis(axis, t.ndim, name)
     m = _detached(op, a, axes)
-    iotas = [from_numpy(np.arange(t.shape[ax], dtype=np.int32).reshape((-1,) + (1,) * (t.ndim - ax - 1)))
-             for ax in axes]
+    iotas = [iota(t.shape[ax], ax, t.ndim, name) for ax in axes]
     strides = tuple(math.prod(t.shape[b] for b in axes[k + 1:]) for k in range(len(axes)))
     big = math.prod(t.shape[ax] for ax in axes)
     hit_index = ew.lift(_first_hit(strides, big), name)(a, m, *iotas)

@@ -21,15 +21,9 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from jask.api.sources import from_numpy
 from jask.graph.op import BlockParallelOp
 from jask.hijax.make_op import make_op
-
-INT32_LIMIT = 2**31 - 1
-
-
-def _iota(n, axis, ndim):
-    return from_numpy(np.arange(n, dtype=np.int32).reshape([n if a == axis else 1 for a in range(ndim)]))
+from jask.ops.operands import INT32_LIMIT, iota
 
 
 class Regroup(BlockParallelOp):
@@ -118,6 +112,6 @@ def regroup(a, in_shape, out_shape, groups):
                 f"reshape from {tuple(in_shape)} to {tuple(out_shape)} regroups "
                 f"{math.prod(out_shape[k] for k in gout)} elements at once, more than int32 offsets reach; "
                 "reshape in steps that regroup fewer elements")
-    iotas = [_iota(n, k, len(in_shape)) for k, n in enumerate(in_shape)]
-    iotas += [_iota(n, k, len(out_shape)) for k, n in enumerate(out_shape)]
+    iotas = [iota(n, k, len(in_shape), "reshape") for k, n in enumerate(in_shape)]
+    iotas += [iota(n, k, len(out_shape), "reshape") for k, n in enumerate(out_shape)]
     return _regroup(a, *iotas, out_shape=tuple(out_shape), groups=tuple(groups))

@@ -133,9 +133,11 @@ def reshape(a, shape=None, order="C", *, newshape=None):
     if shape == ():
         from jask.ops.reductions import sum as _sum
         return _sum(a)
+    if t.size == 0:
+        return DiskArray(node=zeros_node(shape, t.dtype))     # nothing to move; _groups needs nonzero sizes
     groups = _groups(t.shape, shape)
     tile = default_tile(t.shape, t.dtype.itemsize)
-    if any(len(gin) + len(gout) > 2 and max(t.shape[a] for a in gin) > tile or max(shape[a] for a in gout) > tile
+    if any(len(gin) + len(gout) > 2 and (max(t.shape[a] for a in gin) > tile or max(shape[a] for a in gout) > tile)
            for gin, gout in groups):
         return regroup(a, t.shape, shape, groups)      # regrouped axes span tiles: gather across them
     regrouped = {o for gin, gout in groups if len(gin) + len(gout) > 2 for o in gout}
