@@ -432,6 +432,34 @@ def test_reused_pid_does_not_keep_leftovers(tmp_path, monkeypatch):
     assert jask.cleanup_scratch(str(tmp_path / "root")) == [str(folder)]
 
 
+def test_renamed_leftovers_of_a_live_process_are_not_taken(tmp_path, monkeypatch):
+    """A rename keeps a folder's mtime: a live writer's ``-old-`` sibling (an old array moved aside mid
+    swap) and a claimed resume folder count from their rename, not from when they were first written."""
+    from jask.io import resume
+    monkeypatch.setattr(owners, "process_start", lambda pid: time.time() - 1)    # a writer started 1 s ago
+    p = tmp_path / "x.zarr"
+    aside = tmp_path / f".x.zarr.jask-old-{os.getppid()}-abcdef"
+    aside.mkdir()
+    os.utime(aside, (0, 0))                   # the old array, written long before its writer started
+    os.rename(aside, tmp_path / "moving")
+    os.rename(tmp_path / "moving", aside)     # ... and renamed aside by that writer just now
+    recovery.recover(str(p))
+    assert aside.exists() and not p.exists(), "a live writer's swap was rolled back"
+    os.rmdir(aside)
+    monkeypatch.undo()
+    cand = tmp_path / f".x.zarr.jask-tmp-{_dead_pid()}-abcdef"
+    fresh = tmp_path / f".x.zarr.jask-tmp-{os.getpid()}-123456"
+    for d in (cand, fresh):
+        d.mkdir()
+        (d / "zarr.json").write_text("{}")
+    (cand / resume.JOURNAL).write_text("")
+    os.utime(cand, (0, 0))
+    assert resume.claim(str(p), str(fresh)) and (fresh / resume.JOURNAL).exists()
+    assert not owners.owner_gone(os.getpid(), str(fresh)), "a claimed resume folder counts as ended"
+    assert not any(".jask-" in n and n != fresh.name for n in os.listdir(tmp_path))
+    pins.remove_tree(str(fresh))
+
+
 def test_fault_armed_through_environment(tmp_path):
     """``JASK_FAULT`` arms a fresh process: SIGKILL right after the swap, ENOSPC at the second tile."""
     runs = []

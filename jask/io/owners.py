@@ -3,8 +3,10 @@
 Leftovers carry their owner's pid in their name. A pid is only a hint: once
 the owner is dead the system may give the same pid to a new process. So an
 owner counts as gone when no process has the pid, or when the process that
-has it now started well after the leftover was last modified (the owner made
-it, so it started before). The margin, :data:`REUSE_MARGIN_SECONDS`, absorbs
+has it now started well after the leftover was last modified or renamed (the
+owner made it, so it started before). A rename keeps a folder's mtime but
+updates its ctime, so the later of the two counts: a live process's ``-old-``
+sibling or a claimed resume folder is as new as its rename. The margin, :data:`REUSE_MARGIN_SECONDS`, absorbs
 coarse timestamps and clock skew between a network disk and this machine; a
 pid reused sooner than that keeps the leftover until a later sweep.
 """
@@ -56,7 +58,8 @@ def owner_gone(pid: int, leftover: str) -> bool:
         return True
     started = process_start(pid)
     try:
-        modified = os.lstat(leftover).st_mtime
+        st = os.lstat(leftover)
     except OSError:
         return False
+    modified = max(st.st_mtime, st.st_ctime)      # a rename updates only the ctime
     return started is not None and started > modified + REUSE_MARGIN_SECONDS

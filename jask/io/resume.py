@@ -57,6 +57,10 @@ def claim(final_path: str, tmp_path: str) -> bool:
                 os.rename(aside, tmp_path)
                 continue
             shutil.rmtree(aside, ignore_errors=True)
+            try:
+                os.utime(tmp_path)                # now this live process's: newer than its start
+            except OSError:
+                pass
             return True
         except OSError:
             continue
