@@ -765,7 +765,9 @@ def test_open_waits_for_a_live_process_mid_swap(small_tiles, tmp_path, monkeypat
     t0 = time.monotonic()
     with pytest.raises(FileNotFoundError):
         jask.from_zarr(p)
-    assert time.monotonic() - t0 >= 0.3 and ready.exists(), "another live process's swap was taken over"
+    waited = time.monotonic() - t0
+    assert waited >= 0.3 and ready.exists(), "another live process's swap was taken over"
+    assert waited < 3, f"from_zarr waited {waited:.1f} s, not SWAP_WAIT_SECONDS in all"
     monkeypatch.setattr(recovery, "SWAP_WAIT_SECONDS", 10.0)
     threading.Timer(0.2, os.rename, (ready, p)).start()    # the other process finishes its swap
     np.testing.assert_array_equal(np.asarray(jask.from_zarr(p)), 3.0)

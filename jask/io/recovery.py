@@ -88,9 +88,14 @@ def swap_in_progress(path: str) -> bool:
     return any(_owner_alive(f) for kind in ("new-", "old-") for f in _siblings(path, kind))
 
 
-def settle(path: str) -> None:
-    """Recover ``path``; while it is missing because a live process is mid-swap, wait for that swap."""
-    deadline = time.monotonic() + SWAP_WAIT_SECONDS
+def settle(path: str, deadline: float | None = None) -> None:
+    """Recover ``path``; while it is missing because a live process is mid-swap, wait for that swap.
+
+    Waits until ``deadline`` (a :func:`time.monotonic` time; by default
+    :data:`SWAP_WAIT_SECONDS` from now), then returns whether or not the path is back.
+    """
+    if deadline is None:
+        deadline = time.monotonic() + SWAP_WAIT_SECONDS
     recover(path)
     while not os.path.exists(path) and swap_in_progress(path) and time.monotonic() < deadline:
         time.sleep(0.005)

@@ -25,12 +25,13 @@ import ctypes
 import errno
 import os
 import secrets
+import time
 import weakref
 
 import numpy as np
 import zarr
 
-from jask.io import dtypes, durable, faults, scratch
+from jask.io import dtypes, durable, faults, recovery, scratch
 from jask.io.layout import check_shards, describe_region
 from jask.io.pins import Pin, drop_retired, folder_deleted, pin_current, remove_tree
 from jask.io.recovery import recover, settle, swap_in_progress, sweep
@@ -56,7 +57,6 @@ def _io_error(err: OSError, what: str) -> OSError:
 
 
 USE_EXCHANGE = True   # swap folders with renameat2(RENAME_EXCHANGE) where the filesystem can
-OPEN_ATTEMPTS = 50     # open_existing: settles again when another process starts its next swap meanwhile
 _RENAME_EXCHANGE = 2
 _AT_FDCWD = -100
 _libc = None
@@ -375,11 +375,12 @@ def open_existing(path: str, mode: str) -> Store:
     if mode not in ("r", "r+"):
         raise ValueError(f"from_zarr mode must be 'r' or 'r+', got {mode!r}")
     path = os.path.abspath(os.fspath(path))
-    for attempt in range(OPEN_ATTEMPTS):
-        settle(path)     # a writer's next swap may begin right after settle returns: then settle again
-        last = attempt == OPEN_ATTEMPTS - 1
+    deadline = time.monotonic() + recovery.SWAP_WAIT_SECONDS   # one wait in all, however many swaps meet it
+    while True:
+        settle(path, deadline)   # a writer's next swap may begin right after settle returns: then settle again
+        late = time.monotonic() >= deadline
         if not os.path.exists(path):
-            if last or not swap_in_progress(path):
+            if late or not swap_in_progress(path):
                 raise FileNotFoundError(f"from_zarr: no Zarr array at {path}")
             continue
         if not os.path.isdir(path):
@@ -388,7 +389,7 @@ def open_existing(path: str, mode: str) -> Store:
             pin = pin_current(path)
             break
         except FileNotFoundError:
-            if last:
+            if late:
                 raise FileNotFoundError(f"from_zarr: no Zarr array at {path}") from None
     if not (os.path.exists(os.path.join(pin.root, "zarr.json")) or os.path.exists(os.path.join(pin.root, ".zarray"))):
         pin.release()
