@@ -181,6 +181,20 @@ def test_scratch_on_an_object_store():
     assert fs.find("/jask-test-scratch") == []
 
 
+def test_local_output_with_object_store_scratch_and_cleanup_of_url_roots(tmp_path, monkeypatch):
+    """A scratch dir on an object store does not stop writes to local paths; cleanup_scratch takes a
+    file:// root as its folder (and sweeps nothing, deliberately, under an object store)."""
+    from jask.io import owners
+    jask.config.update("scratch_dir", "memory://jask-test-scratch2")
+    jask.to_zarr(jask.from_numpy(np.ones((4, 4), np.float32)), str(tmp_path / "out.zarr"))
+    np.testing.assert_array_equal(np.asarray(jask.from_zarr(str(tmp_path / "out.zarr"))), 1.0)
+    assert jask.cleanup_scratch() == []
+    left = tmp_path / "root" / "jask-4194000-abcd1234"
+    left.mkdir(parents=True)
+    monkeypatch.setattr(owners, "pid_alive", lambda pid: False)
+    assert jask.cleanup_scratch("file://" + str(tmp_path / "root")) == [str(left)]
+
+
 # ---------------------------------------------------------------- S3
 
 @needs_moto
