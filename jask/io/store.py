@@ -32,6 +32,7 @@ import numpy as np
 import zarr
 
 from jask.io import dtypes, durable, faults, recovery, scratch
+from jask.io.destinations import zarr_node
 from jask.io.layout import check_shards, describe_region
 from jask.io.pins import Pin, drop_retired, folder_deleted, pin_current, remove_tree
 from jask.io.recovery import recover, settle, swap_in_progress, sweep
@@ -391,8 +392,11 @@ def open_existing(path: str, mode: str) -> Store:
         except FileNotFoundError:
             if late:
                 raise FileNotFoundError(f"from_zarr: no Zarr array at {path}") from None
-    if not (os.path.exists(os.path.join(pin.root, "zarr.json")) or os.path.exists(os.path.join(pin.root, ".zarray"))):
+    node = zarr_node(pin.root)
+    if node is None or node == "group":
         pin.release()
+        if node == "group":
+            raise ValueError(f"from_zarr: cannot open {path} as a Zarr array: it holds a Zarr group")
         raise ValueError(f"from_zarr: {path} is not a Zarr array (no zarr.json or .zarray inside)")
     try:
         array = zarr.open_array(pin.root, mode=mode)
