@@ -199,7 +199,10 @@ class RemotePendingStore:
         """Point the URL at the new version (one object written), then retire the old one.
 
         Before the pointer is written (fault point ``after_swap`` follows it) a
-        failure deletes the new version and leaves the URL as it was.
+        failure deletes the new version and leaves the URL as it was. A pointer
+        write that raises is checked by reading the pointer back: if it names
+        the new version the commit goes on; if it cannot be read the new version
+        is left (the URL may name it) and the error raised.
         """
         try:
             if faults.hook is not None:
@@ -207,7 +210,14 @@ class RemotePendingStore:
             previous = versions.read_pointer(self._root, self.location, self._call)
             if previous is not None and not replace:
                 raise FileExistsError(f"{self.final_path} already exists; pass overwrite=True to replace it")
-            versions.write_pointer(self._root, self.version)
+            try:
+                versions.write_pointer(self._root, self.version)
+            except BaseException:
+                landed = self._pointer_landed()
+                if landed is None:              # unknown: keep the version (swept as an orphan if unnamed)
+                    self._finalizer.detach()
+                if not landed:
+                    raise
         except BaseException as e:
             self.abort()
             if isinstance(e, (OSError, RuntimeError)) and not isinstance(e, (FileExistsError, RemoteStoreError)):
@@ -226,6 +236,15 @@ class RemotePendingStore:
         array = versions.open_version(self._root, self.version, "r+" if writable else "r", self.final_path)
         return RemoteStore(self.location, self.version, array, self._root, owned=owned, writable=writable,
                            storage_options=self.storage_options)
+
+
+    def _pointer_landed(self) -> bool | None:
+        """After the pointer write raised: whether it landed anyway (a PUT applied whose reply was
+        lost), so the new version is current and must not be deleted; None when the pointer cannot be read."""
+        try:
+            return versions.read_pointer(self._root, self.location, self._call) == self.version
+        except Exception:
+            return None
 
 
 class RemoteTileReader:
