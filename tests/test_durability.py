@@ -17,7 +17,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import jask
-from jask.io import durable, faults
+from jask.io import durable, faults, pins, scratch
+from jask.io.store import PendingStore
 
 SHAPE = (8, 12)
 
@@ -86,6 +87,11 @@ def test_process_durability_and_scratch_stores_never_fsync(small_tiles, tmp_path
     with faults.armed(_Log()) as log:
         x = (jask.from_numpy(_ints(2)) * 2.0).persist()     # scratch: dies with the process anyway
         np.testing.assert_array_equal(np.asarray(x), 2 * _ints(2))
+        stage = PendingStore(scratch.new_path("stage"), (4,), np.float32, (4,))   # a shared stage: owned=False
+        stage.write((slice(0, 4),), np.ones(4, np.float32))
+        done = stage.commit(owned=False)
+        done._pin.release()
+        pins.remove_tree(done.path)
     assert [p for p, _ in log.events if p == "before_fsync"] == []
 
 

@@ -207,7 +207,9 @@ class PendingStore:
         self.final_path = os.path.abspath(final_path)
         self.what = describe_array(shape, dtype, self.final_path)
         os.makedirs(os.path.dirname(self.final_path), exist_ok=True)
-        user = not scratch.in_scratch(self.final_path)
+        # A user store (not in the scratch dir): its path is recorded and swept, and with durability
+        # "power" it is synced; scratch stores die with their process, whoever commits them and how.
+        self._user = user = not scratch.in_scratch(self.final_path)
         if user:                                       # note the path, sweep what killed writers left
             scratch.record_target(self.final_path)
             if not resume:
@@ -291,7 +293,7 @@ class PendingStore:
         arrays still open on it, in this process or another.
         """
         pin = None
-        power = not owned and durable.mode() == "power"   # scratch dies with its process: never synced
+        power = self._user and durable.mode() == "power"   # scratch dies with its process: never synced
         try:
             self.complete(power)
             if faults.hook is not None:
