@@ -108,8 +108,8 @@ def _leftovers(root):
             parts = name.split("-")
             hidden = ".jask-" in name and name.startswith(".")
             owned = len(parts) == 3 and parts[0] == "jask" and parts[1].isdigit()
-            pid = hidden and name.rsplit("-", 2)[-2]
-            if (hidden and pid.isdigit() and owners.owner_gone(int(pid), os.path.join(folder, name))) or \
+            pid = owners.sibling_owner(name) if hidden else None
+            if (pid is not None and owners.owner_gone(pid, os.path.join(folder, name))) or \
                     (owned and owners.owner_gone(int(parts[1]), os.path.join(folder, name))):
                 found.append(os.path.join(folder, name))
     return found
@@ -457,6 +457,29 @@ def test_renamed_leftovers_of_a_live_process_are_not_taken(tmp_path, monkeypatch
     assert resume.claim(str(p), str(fresh)) and (fresh / resume.JOURNAL).exists()
     assert not owners.owner_gone(os.getpid(), str(fresh)), "a claimed resume folder counts as ended"
     assert not any(".jask-" in n and n != fresh.name for n in os.listdir(tmp_path))
+    pins.remove_tree(str(fresh))
+
+
+def test_a_claim_killed_midway_leaves_a_sibling_the_sweep_knows(tmp_path, monkeypatch):
+    """claim() moves the fresh folder aside under a ``-tmp-PID-TOKEN`` name: if the process dies before
+    deleting it, sweeps find its owner (not a token misread as a pid) and remove it."""
+    from jask.io import resume
+    p = tmp_path / "x.zarr"
+    monkeypatch.setattr(owners, "pid_alive", lambda pid: pid == os.getpid())
+    cand = tmp_path / ".x.zarr.jask-tmp-4194000-abcdef"
+    fresh = tmp_path / f".x.zarr.jask-tmp-{os.getpid()}-123456"
+    for d in (cand, fresh):
+        d.mkdir()
+        (d / "zarr.json").write_text("{}")
+    (cand / resume.JOURNAL).write_text("")
+    with monkeypatch.context() as m:
+        m.setattr(resume.shutil, "rmtree", lambda *a, **k: None)      # killed before removing the aside
+        assert resume.claim(str(p), str(fresh))
+    left = [s for s in owners.siblings(str(p)) if s != str(fresh)]
+    assert len(left) == 1 and owners.sibling_owner(left[0]) == os.getpid(), left
+    monkeypatch.setattr(owners, "pid_alive", lambda pid: False)       # this process has ended
+    (tmp_path / "x.zarr").mkdir()
+    assert recovery.sweep(str(p)) == left                              # the claimed one is resumable: kept
     pins.remove_tree(str(fresh))
 
 

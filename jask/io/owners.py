@@ -12,9 +12,29 @@ pid reused sooner than that keeps the leftover until a later sweep.
 """
 from __future__ import annotations
 
+import glob
 import os
+import secrets
 
 REUSE_MARGIN_SECONDS = 60.0
+
+
+def sibling(path: str, kind: str, token: str | None = None) -> str:
+    """A hidden sibling of ``path`` owned by this process: ``.NAME.jask-KIND-PID-TOKEN``."""
+    head, name = os.path.split(os.path.abspath(path))
+    return os.path.join(head, f".{name}.jask-{kind}-{os.getpid()}-{token or secrets.token_hex(3)}")
+
+
+def siblings(path: str, kind: str = "") -> list[str]:
+    """The hidden siblings of ``path`` (of one ``kind``, e.g. ``"tmp"``, or all), sorted."""
+    head, name = os.path.split(path)
+    return sorted(glob.glob(os.path.join(head, f".{glob.escape(name)}.jask-{kind + '-' if kind else ''}*")))
+
+
+def sibling_owner(sibling_path: str) -> int | None:
+    """The pid in a ``.NAME.jask-KIND-PID-TOKEN`` sibling's name (None if it has none)."""
+    parts = os.path.basename(sibling_path).rsplit("-", 2)
+    return int(parts[1]) if len(parts) == 3 and parts[1].isdigit() else None
 
 
 def pid_alive(pid: int) -> bool:

@@ -24,7 +24,6 @@ from __future__ import annotations
 import ctypes
 import errno
 import os
-import secrets
 import time
 import weakref
 
@@ -33,16 +32,12 @@ import zarr
 
 from jask.io import dtypes, durable, faults, recovery, scratch
 from jask.io.destinations import zarr_node
+from jask.io.owners import sibling as _sibling
 from jask.io.layout import check_shards, describe_region
 from jask.io.pins import Pin, drop_retired, folder_deleted, pin_current, remove_tree
 from jask.io.recovery import recover, settle, swap_in_progress, sweep
 from jask.io.resume import ChunkJournal, claim, warn_before_removing
 from jask.io.writer import ChunkFileWriter, make_chunk_writer
-
-
-def _sibling(path: str, kind: str) -> str:
-    head, name = os.path.split(os.path.abspath(path))
-    return os.path.join(head, f".{name}.jask-{kind}-{os.getpid()}-{secrets.token_hex(3)}")
 
 
 def describe_array(shape, dtype, path) -> str:
