@@ -273,6 +273,8 @@ class PendingStore:
             self._writer.finish()
         self._finished = True
         if power and not self._synced:
+            if self._journal is not None:           # before the sync: no journal survives a power cut
+                self._journal.remove()
             durable.sync_tree(self.tmp_path, self.final_path)
             self._synced = True
 
