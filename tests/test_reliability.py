@@ -779,7 +779,7 @@ def test_open_array_keeps_its_version_and_folder_when_replaced_from_outside(smal
 def test_open_waits_for_a_live_process_mid_swap(small_tiles, tmp_path, monkeypatch):
     """Between the two renames of another live process's swap, the path is missing: from_zarr waits
     for it instead of taking the swap over."""
-    assert scratch.pid_alive(os.getppid())
+    assert owners.pid_alive(os.getppid())
     p = tmp_path / "x.zarr"
     jask.from_numpy(np.full((8, 8), 3.0, np.float32)).to_zarr(p)
     ready = tmp_path / f".x.zarr.jask-new-{os.getppid()}-abcdef"

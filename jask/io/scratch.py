@@ -26,7 +26,7 @@ import tempfile
 import types
 
 from jask.io import resumable_scratch, urls
-from jask.io.owners import owner_gone, pid_alive  # noqa: F401  (pid_alive: used from here by tests)
+from jask.io.owners import owner_gone
 from jask.io.recovery import recover
 
 _RAM_FILESYSTEMS = {"tmpfs", "ramfs"}
