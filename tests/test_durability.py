@@ -17,7 +17,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import jask
-from jask.io import durable, faults
+from jask.io import durable, faults, pins, scratch
+from jask.io.store import PendingStore
 
 SHAPE = (8, 12)
 
@@ -78,6 +79,18 @@ def test_power_fsyncs_every_file_then_folders_then_parent(small_tiles, tmp_path,
     np.testing.assert_array_equal(np.asarray(jask.from_zarr(path)), _ints(1))
 
 
+def test_power_removes_the_resume_journal_before_the_sync(small_tiles, tmp_path):
+    """The journal goes before the fsyncs, so a power cut after the commit cannot leave it in the array."""
+    from jask.io.resume import JOURNAL
+    path = str(tmp_path / "out.zarr")
+    jask.config.update("durability", "power")
+    with faults.armed(_Log(only=path)) as log:
+        jask.to_zarr(jask.from_numpy(_ints(1)) * 1.0, path, resume=True)
+    synced = [t for p, t in log.events if p == "before_fsync"]
+    assert synced and not any(t.endswith(JOURNAL) for t in synced), synced
+    assert not os.path.exists(os.path.join(path, JOURNAL))
+
+
 def test_process_durability_and_scratch_stores_never_fsync(small_tiles, tmp_path):
     with faults.armed(_Log()) as log:
         _write(_ints(1), str(tmp_path / "a.zarr"))
@@ -86,6 +99,11 @@ def test_process_durability_and_scratch_stores_never_fsync(small_tiles, tmp_path
     with faults.armed(_Log()) as log:
         x = (jask.from_numpy(_ints(2)) * 2.0).persist()     # scratch: dies with the process anyway
         np.testing.assert_array_equal(np.asarray(x), 2 * _ints(2))
+        stage = PendingStore(scratch.new_path("stage"), (4,), np.float32, (4,))   # a shared stage: owned=False
+        stage.write((slice(0, 4),), np.ones(4, np.float32))
+        done = stage.commit(owned=False)
+        done._pin.release()
+        pins.remove_tree(done.path)
     assert [p for p, _ in log.events if p == "before_fsync"] == []
 
 

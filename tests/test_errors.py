@@ -313,15 +313,17 @@ def _tree(root):
 
 
 def test_to_zarr_refuses_to_replace_what_is_not_a_zarr_array(small_tiles, tmp_path):
-    """overwrite=True replaces Zarr arrays only: a file, a plain folder, a path under a file are refused
+    """overwrite=True replaces Zarr arrays only: a file, a plain folder, a Zarr group, a path under a file are refused
     before any tile is computed, and nothing on disk changes."""
     (tmp_path / "file.bin").write_bytes(b"mine")
     (tmp_path / "plain").mkdir()
     (tmp_path / "plain" / "notes.txt").write_text("mine too")
+    zarr.create_group(tmp_path / "group.zarr").create_array("a", shape=(2,), dtype="f4")
     before = _tree(tmp_path)
     x = jask.from_numpy(_rand((5, 7))) * 2.0
     cases = [("file.bin", FileExistsError, "is a file, not a Zarr array"),
              ("plain", FileExistsError, "holds no Zarr array"),
+             ("group.zarr", FileExistsError, "is a Zarr group, not an array"),
              ("file.bin/x.zarr", NotADirectoryError, "file.bin is a file, not a folder")]
     with jask.profile() as prof:
         for name, err, text in cases:

@@ -108,8 +108,8 @@ def _leftovers(root):
             parts = name.split("-")
             hidden = ".jask-" in name and name.startswith(".")
             owned = len(parts) == 3 and parts[0] == "jask" and parts[1].isdigit()
-            pid = hidden and name.rsplit("-", 2)[-2]
-            if (hidden and pid.isdigit() and owners.owner_gone(int(pid), os.path.join(folder, name))) or \
+            pid = owners.sibling_owner(name) if hidden else None
+            if (pid is not None and owners.owner_gone(pid, os.path.join(folder, name))) or \
                     (owned and owners.owner_gone(int(parts[1]), os.path.join(folder, name))):
                 found.append(os.path.join(folder, name))
     return found
@@ -432,6 +432,57 @@ def test_reused_pid_does_not_keep_leftovers(tmp_path, monkeypatch):
     assert jask.cleanup_scratch(str(tmp_path / "root")) == [str(folder)]
 
 
+def test_renamed_leftovers_of_a_live_process_are_not_taken(tmp_path, monkeypatch):
+    """A rename keeps a folder's mtime: a live writer's ``-old-`` sibling (an old array moved aside mid
+    swap) and a claimed resume folder count from their rename, not from when they were first written."""
+    from jask.io import resume
+    monkeypatch.setattr(owners, "process_start", lambda pid: time.time() - 1)    # a writer started 1 s ago
+    p = tmp_path / "x.zarr"
+    aside = tmp_path / f".x.zarr.jask-old-{os.getppid()}-abcdef"
+    aside.mkdir()
+    os.utime(aside, (0, 0))                   # the old array, written long before its writer started
+    os.rename(aside, tmp_path / "moving")
+    os.rename(tmp_path / "moving", aside)     # ... and renamed aside by that writer just now
+    recovery.recover(str(p))
+    assert aside.exists() and not p.exists(), "a live writer's swap was rolled back"
+    os.rmdir(aside)
+    monkeypatch.undo()
+    cand = tmp_path / f".x.zarr.jask-tmp-{_dead_pid()}-abcdef"
+    fresh = tmp_path / f".x.zarr.jask-tmp-{os.getpid()}-123456"
+    for d in (cand, fresh):
+        d.mkdir()
+        (d / "zarr.json").write_text("{}")
+    (cand / resume.JOURNAL).write_text("")
+    os.utime(cand, (0, 0))
+    assert resume.claim(str(p), str(fresh)) and (fresh / resume.JOURNAL).exists()
+    assert not owners.owner_gone(os.getpid(), str(fresh)), "a claimed resume folder counts as ended"
+    assert not any(".jask-" in n and n != fresh.name for n in os.listdir(tmp_path))
+    pins.remove_tree(str(fresh))
+
+
+def test_a_claim_killed_midway_leaves_a_sibling_the_sweep_knows(tmp_path, monkeypatch):
+    """claim() moves the fresh folder aside under a ``-tmp-PID-TOKEN`` name: if the process dies before
+    deleting it, sweeps find its owner (not a token misread as a pid) and remove it."""
+    from jask.io import resume
+    p = tmp_path / "x.zarr"
+    monkeypatch.setattr(owners, "pid_alive", lambda pid: pid == os.getpid())
+    cand = tmp_path / ".x.zarr.jask-tmp-4194000-abcdef"
+    fresh = tmp_path / f".x.zarr.jask-tmp-{os.getpid()}-123456"
+    for d in (cand, fresh):
+        d.mkdir()
+        (d / "zarr.json").write_text("{}")
+    (cand / resume.JOURNAL).write_text("")
+    with monkeypatch.context() as m:
+        m.setattr(resume.shutil, "rmtree", lambda *a, **k: None)      # killed before removing the aside
+        assert resume.claim(str(p), str(fresh))
+    left = [s for s in owners.siblings(str(p)) if s != str(fresh)]
+    assert len(left) == 1 and owners.sibling_owner(left[0]) == os.getpid(), left
+    monkeypatch.setattr(owners, "pid_alive", lambda pid: False)       # this process has ended
+    (tmp_path / "x.zarr").mkdir()
+    assert recovery.sweep(str(p)) == left                              # the claimed one is resumable: kept
+    pins.remove_tree(str(fresh))
+
+
 def test_fault_armed_through_environment(tmp_path):
     """``JASK_FAULT`` arms a fresh process: SIGKILL right after the swap, ENOSPC at the second tile."""
     runs = []
@@ -728,7 +779,7 @@ def test_open_array_keeps_its_version_and_folder_when_replaced_from_outside(smal
 def test_open_waits_for_a_live_process_mid_swap(small_tiles, tmp_path, monkeypatch):
     """Between the two renames of another live process's swap, the path is missing: from_zarr waits
     for it instead of taking the swap over."""
-    assert scratch.pid_alive(os.getppid())
+    assert owners.pid_alive(os.getppid())
     p = tmp_path / "x.zarr"
     jask.from_numpy(np.full((8, 8), 3.0, np.float32)).to_zarr(p)
     ready = tmp_path / f".x.zarr.jask-new-{os.getppid()}-abcdef"
@@ -737,7 +788,9 @@ def test_open_waits_for_a_live_process_mid_swap(small_tiles, tmp_path, monkeypat
     t0 = time.monotonic()
     with pytest.raises(FileNotFoundError):
         jask.from_zarr(p)
-    assert time.monotonic() - t0 >= 0.3 and ready.exists(), "another live process's swap was taken over"
+    waited = time.monotonic() - t0
+    assert waited >= 0.3 and ready.exists(), "another live process's swap was taken over"
+    assert waited < 3, f"from_zarr waited {waited:.1f} s, not SWAP_WAIT_SECONDS in all"
     monkeypatch.setattr(recovery, "SWAP_WAIT_SECONDS", 10.0)
     threading.Timer(0.2, os.rename, (ready, p)).start()    # the other process finishes its swap
     np.testing.assert_array_equal(np.asarray(jask.from_zarr(p)), 3.0)

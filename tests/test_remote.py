@@ -130,6 +130,24 @@ def test_memory_round_trip_and_update():
         fs.rm("/jask-test-mem", recursive=True)
 
 
+def test_pointer_write_that_lands_but_raises_keeps_the_new_version(monkeypatch):
+    """A pointer PUT applied whose reply was lost: the version the URL now names is kept, not deleted."""
+    import fsspec
+    from jask.io import versions
+    url, put = "memory://jask-test-lost/a.zarr", versions.write_pointer
+
+    def lost_reply(root, version):
+        put(root, version)
+        raise TimeoutError("reply lost")
+
+    monkeypatch.setattr(versions, "write_pointer", lost_reply)
+    try:
+        jask.to_zarr(jask.from_numpy(np.ones((4, 4), np.float32)), url)
+        np.testing.assert_array_equal(np.asarray(jask.from_zarr(url)), 1.0)
+    finally:
+        fsspec.filesystem("memory").rm("/jask-test-lost", recursive=True)
+
+
 def test_plain_zarr_array_at_a_url_is_read_and_replaced():
     """A Zarr array other tools wrote at a URL opens as it is; update_ turns it into jask's versioned layout."""
     import fsspec
@@ -179,6 +197,20 @@ def test_scratch_on_an_object_store():
     del x, y
     gc.collect()
     assert fs.find("/jask-test-scratch") == []
+
+
+def test_local_output_with_object_store_scratch_and_cleanup_of_url_roots(tmp_path, monkeypatch):
+    """A scratch dir on an object store does not stop writes to local paths; cleanup_scratch takes a
+    file:// root as its folder (and sweeps nothing, deliberately, under an object store)."""
+    from jask.io import owners
+    jask.config.update("scratch_dir", "memory://jask-test-scratch2")
+    jask.to_zarr(jask.from_numpy(np.ones((4, 4), np.float32)), str(tmp_path / "out.zarr"))
+    np.testing.assert_array_equal(np.asarray(jask.from_zarr(str(tmp_path / "out.zarr"))), 1.0)
+    assert jask.cleanup_scratch() == []
+    left = tmp_path / "root" / "jask-4194000-abcd1234"
+    left.mkdir(parents=True)
+    monkeypatch.setattr(owners, "pid_alive", lambda pid: False)
+    assert jask.cleanup_scratch("file://" + str(tmp_path / "root")) == [str(left)]
 
 
 # ---------------------------------------------------------------- S3

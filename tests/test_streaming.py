@@ -121,21 +121,33 @@ def test_aligned_buffers_and_pool_reuse_only_free_buffers():
 
 
 def test_pool_follows_the_running_shape_and_trims_what_it_keeps():
-    """A new shape drops the free buffers of the others; ``trim`` keeps at most the bytes asked for."""
+    """A new shape drops the others' buffers beyond ``retain_bytes`` (0 here), in use or not (their users
+    keep them); ``trim`` keeps at most the bytes asked for."""
     pool = BufferPool(keep=4)
     a, b = pool.get((4, 4), np.float32), pool.get((4, 4), np.float32)
     held = pool.get((4, 4), np.float32)
     del a, b
-    c = pool.get((8, 8), np.float32)              # the two free (4, 4) buffers go; ``held`` stays
-    assert [x.shape for x in pool._free[(4, 4), np.dtype(np.float32)]] == [(4, 4)]
+    c = pool.get((8, 8), np.float32)              # the (4, 4) buffers go from the pool; ``held`` is still usable
+    assert list(pool._free) == [((8, 8), np.dtype(np.float32))] and held.shape == (4, 4)
     d = pool.get((8, 8), np.float32)
+    back = pool.get((4, 4), np.float32, retain_bytes=8 * 8 * 4)   # keeps one (8, 8): the newest, ``d``
     del c, d
-    pool.trim(8 * 8 * 4)                          # room for one free (8, 8) buffer
+    pool.trim(8 * 8 * 4 + 4 * 4 * 4)              # room for ``back`` (in use: counted) and one (8, 8) buffer
     kept = pool._free[(8, 8), np.dtype(np.float32)]
-    assert len(kept) == 1
+    assert len(kept) == 1 and pool._free[(4, 4), np.dtype(np.float32)] == [back]
     again = pool.get((8, 8), np.float32)
     assert again is kept[0] and pool.reused == 1
-    assert pool._free[(4, 4), np.dtype(np.float32)][0] is held   # in use: never dropped
+
+
+def test_pool_reuses_alternating_full_and_edge_tiles_within_retain_bytes():
+    pool = BufferPool(keep=2)
+    for _ in range(10):                           # a row of full tiles, then its edge tile, row after row
+        pool.get((8, 8), np.float32, retain_bytes=1 << 20)
+        pool.get((8, 3), np.float32, retain_bytes=1 << 20)
+    assert pool.allocated == 2
+    for i in range(2 * BufferPool.MAX_SHAPES):    # more shapes than it pools: only the newest stay
+        pool.get((i + 1, 1), np.float32, retain_bytes=1 << 20)
+    assert len(pool._free) == BufferPool.MAX_SHAPES
 
 
 def test_prefetcher_leaves_buffers_for_the_next_pass(tmp_path):

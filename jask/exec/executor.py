@@ -39,7 +39,7 @@ PREFETCH_DEPTH = 2         # input tiles read ahead of the kernel (counted in SL
 WRITE_DEPTH = 2            # output tiles queued behind the computation (counted in SLOTS_FIXED)
 
 # Read buffers kept between passes, as a share of the budget (1/4): the next pass over the same tiles
-# reuses them instead of faulting in fresh pages (see jask.io.reader.BufferPool).
+# reuses them instead of faulting in fresh pages (see jask.io.buffers.BufferPool).
 RETAINED_READ_BUFFERS_SHARE = 4
 
 

@@ -38,10 +38,14 @@ class BufferPool:
     A buffer is reused only when Python holds no other reference to it or to
     its memory (every NumPy view and every zero-copy JAX array keeps one), so a
     tile still in use is never overwritten. At most ``keep`` buffers of each
-    shape are kept, and a new shape first drops the free buffers of the others,
-    so what the pool holds follows the pass that is running. :meth:`trim` bounds
-    what stays between passes.
+    shape are kept. A new shape keeps the buffers of at most
+    :data:`MAX_SHAPES` - 1 other, most recently asked-for shapes, up to
+    ``retain_bytes`` in all, and drops the rest: a pass alternating full and
+    edge tiles reuses both, and what the pool holds follows the pass that is
+    running. :meth:`trim` bounds what stays between passes.
     """
+
+    MAX_SHAPES = 4   # shapes pooled at once: a 2-D grid's full, edge and corner tiles
 
     def __init__(self, keep: int = 4):
         self.keep = keep
@@ -50,8 +54,12 @@ class BufferPool:
         self._free: dict[tuple, list[np.ndarray]] = {}
         self._lock = threading.Lock()
 
-    def get(self, shape, dtype, keep: int | None = None) -> np.ndarray:
-        """A free buffer of this shape and dtype, or a new one; ``keep`` overrides the pool's own."""
+    def get(self, shape, dtype, keep: int | None = None, retain_bytes: int = 0) -> np.ndarray:
+        """A free buffer of this shape and dtype, or a new one; ``keep`` overrides the pool's own.
+
+        Allocating keeps the other shapes' buffers only within ``retain_bytes``
+        (and :data:`MAX_SHAPES`), counting those still in use.
+        """
         keep = self.keep if keep is None else keep
         key = (tuple(shape), np.dtype(dtype))  # not .str: bfloat16's is '<V2', a different dtype
         with self._lock:
@@ -65,9 +73,9 @@ class BufferPool:
                     bufs.append(bufs.pop(i))
                     return b
                 del b
-            for other, kept in self._free.items():
-                if other != key:
-                    kept[:] = [b for b in kept if not _is_free(b)]
+            del self._free[key]              # the others, newest first, within retain_bytes
+            self._keep_newest(retain_bytes, self.MAX_SHAPES - 1)
+            self._free[key] = bufs
             buf = aligned_empty(key[0], key[1])
             self.allocated += 1
             bufs.append(buf)
@@ -75,29 +83,29 @@ class BufferPool:
                 bufs.pop(0)
             return buf
 
-    def clear(self) -> None:
-        with self._lock:
-            self._free.clear()
-
     def trim(self, keep_bytes: int) -> None:
-        """Keep at most ``keep_bytes`` of free buffers (of the most recently asked-for shapes); drop the rest."""
+        """Keep at most ``keep_bytes`` of buffers (of the most recently asked-for shapes); drop the rest.
+
+        Buffers still in use count too: dropped here, they are freed when their
+        user lets go instead of returning to the pool.
+        """
         with self._lock:
-            kept_bytes = 0
-            for key in reversed(list(self._free)):
-                newest_first = []
-                for b in reversed(self._free[key]):
-                    if _is_free(b) and kept_bytes + b.nbytes > keep_bytes:
-                        continue
-                    kept_bytes += b.nbytes if _is_free(b) else 0
-                    newest_first.append(b)
+            self._keep_newest(keep_bytes, len(self._free))
+
+    def _keep_newest(self, keep_bytes: int, shapes: int) -> None:
+        """Keep the newest buffers of the ``shapes`` most recently asked-for shapes, ``keep_bytes`` in all."""
+        kept_bytes = 0
+        for n, key in enumerate(reversed(list(self._free))):
+            newest_first = []
+            for b in reversed(self._free[key]) if n < shapes else ():
+                if kept_bytes + b.nbytes > keep_bytes:
+                    break
+                kept_bytes += b.nbytes
+                newest_first.append(b)
+            if newest_first:
                 self._free[key] = newest_first[::-1]
-                if not self._free[key]:
-                    del self._free[key]
-
-
-def _is_free(b) -> bool:
-    """Held only by the pool's list, the caller's name and getrefcount's argument (see BufferPool.get)."""
-    return sys.getrefcount(b) == 4 and sys.getrefcount(b.base) == 2
+            else:
+                del self._free[key]
 
 
 shared_pool = BufferPool(keep=6)   # read buffers kept across passes (Prefetcher trims it when it closes)

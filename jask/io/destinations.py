@@ -6,14 +6,31 @@ cannot be made or written. Each error names the path and what to do.
 """
 from __future__ import annotations
 
+import json
 import os
 
 from jask.io.recovery import recover
 
 
+def zarr_node(path: str) -> str | None:
+    """What Zarr metadata the folder ``path`` holds: ``"array"``, ``"group"``, ``"unknown"`` (a
+    ``zarr.json`` that cannot be read or names neither), or None (no Zarr metadata)."""
+    if os.path.isfile(os.path.join(path, ".zarray")):
+        return "array"
+    try:
+        with open(os.path.join(path, "zarr.json"), "rb") as f:
+            meta = json.load(f)
+    except FileNotFoundError:
+        return "group" if os.path.isfile(os.path.join(path, ".zgroup")) else None
+    except (OSError, ValueError):
+        return "unknown"
+    node = meta.get("node_type") if isinstance(meta, dict) else None
+    return node if node in ("array", "group") else "unknown"
+
+
 def is_zarr_array(path: str) -> bool:
-    """Whether the folder ``path`` holds Zarr array metadata (v3 ``zarr.json`` or v2 ``.zarray``)."""
-    return os.path.isfile(os.path.join(path, "zarr.json")) or os.path.isfile(os.path.join(path, ".zarray"))
+    """Whether the folder ``path`` holds a Zarr array (v3 ``zarr.json`` of an array, or v2 ``.zarray``)."""
+    return zarr_node(path) == "array"
 
 
 def check_destination(path: str, overwrite: bool, call: str = "to_zarr") -> None:
@@ -30,9 +47,13 @@ def check_destination(path: str, overwrite: bool, call: str = "to_zarr") -> None
         if not os.path.isdir(path):
             raise FileExistsError(f"{call}: {path} is a file, not a Zarr array; overwrite=True replaces only "
                                   "Zarr arrays: remove it first or choose another path")
-        if not is_zarr_array(path):
-            raise FileExistsError(f"{call}: {path} is a folder that holds no Zarr array (no zarr.json or "
-                                  ".zarray); overwrite=True replaces only Zarr arrays: choose another path")
+        node = zarr_node(path)
+        if node == "group":
+            raise FileExistsError(f"{call}: {path} is a Zarr group, not an array; overwrite=True replaces only "
+                                  "Zarr arrays: choose another path")
+        if node != "array":
+            raise FileExistsError(f"{call}: {path} is a folder that holds no Zarr array (no zarr.json "
+                                  "of an array, or .zarray); overwrite=True replaces only Zarr arrays: choose another path")
     parent = os.path.dirname(path)
     while not os.path.lexists(parent):
         parent = os.path.dirname(parent)

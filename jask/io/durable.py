@@ -8,8 +8,9 @@ after a commit may still lose the array or leave it partly written.
 ``"power"``: a committed user store also survives a power cut. Before the
 commit rename, every file of the new folder is fsynced, then every folder in
 it, deepest first (a folder after its entries); after the rename, the parent
-folder, so the rename itself is on disk. Scratch stores never need it (they
-die with their process) and are not synced. To keep the fsyncs short, the raw
+folder, so the rename itself is on disk. Scratch stores (any store in the
+scratch dir, whoever commits it: :class:`jask.io.store.PendingStore`) never
+need it (they die with their process) and are not synced. To keep the fsyncs short, the raw
 chunk and shard writers start each file's writeback as soon as it is written
 (:func:`start_writeback`), so the disk works while later tiles compute.
 

@@ -14,13 +14,12 @@ leftovers, swept as such, and every target keeps its old value.
 from __future__ import annotations
 
 import fcntl
-import glob
 import json
 import os
 import secrets
 
 from jask.io import faults
-from jask.io.owners import owner_gone
+from jask.io.owners import owner_gone, sibling, sibling_owner, siblings as _siblings
 from jask.io.resume import JOURNAL
 
 MARK = ".jask-group"
@@ -86,17 +85,12 @@ def commit_group(pendings, commit_one, power: bool = False) -> list:
     return stores
 
 
-def _siblings(final: str, kind: str) -> list[str]:
-    head, name = os.path.split(final)
-    return sorted(glob.glob(os.path.join(head, f".{glob.escape(name)}.jask-{kind}-*")))
-
-
 def roll_forward(path: str) -> list[str]:
     """Finish the group commits an ended process left half done on ``path``; returns the logs handled."""
     handled = []
     for log in _siblings(path, "group"):
-        pid = log.rsplit("-", 2)[-2]
-        if not pid.isdigit() or not owner_gone(int(pid), log):
+        pid = sibling_owner(log)
+        if pid is None or not owner_gone(pid, log):
             continue
         try:
             fd = os.open(log, os.O_RDONLY)
@@ -136,6 +130,5 @@ def _swap_in(final: str, token: str) -> None:
     except FileNotFoundError:
         pass
     if os.path.lexists(final):
-        head, name = os.path.split(final)
-        os.rename(final, os.path.join(head, f".{name}.jask-old-{os.getpid()}-{secrets.token_hex(3)}"))
+        os.rename(final, sibling(final, "old"))
     os.rename(waiting[0], final)

@@ -3,16 +3,38 @@
 Leftovers carry their owner's pid in their name. A pid is only a hint: once
 the owner is dead the system may give the same pid to a new process. So an
 owner counts as gone when no process has the pid, or when the process that
-has it now started well after the leftover was last modified (the owner made
-it, so it started before). The margin, :data:`REUSE_MARGIN_SECONDS`, absorbs
+has it now started well after the leftover was last modified or renamed (the
+owner made it, so it started before). A rename keeps a folder's mtime but
+updates its ctime, so the later of the two counts: a live process's ``-old-``
+sibling or a claimed resume folder is as new as its rename. The margin, :data:`REUSE_MARGIN_SECONDS`, absorbs
 coarse timestamps and clock skew between a network disk and this machine; a
 pid reused sooner than that keeps the leftover until a later sweep.
 """
 from __future__ import annotations
 
+import glob
 import os
+import secrets
 
 REUSE_MARGIN_SECONDS = 60.0
+
+
+def sibling(path: str, kind: str, token: str | None = None) -> str:
+    """A hidden sibling of ``path`` owned by this process: ``.NAME.jask-KIND-PID-TOKEN``."""
+    head, name = os.path.split(os.path.abspath(path))
+    return os.path.join(head, f".{name}.jask-{kind}-{os.getpid()}-{token or secrets.token_hex(3)}")
+
+
+def siblings(path: str, kind: str = "") -> list[str]:
+    """The hidden siblings of ``path`` (of one ``kind``, e.g. ``"tmp"``, or all), sorted."""
+    head, name = os.path.split(path)
+    return sorted(glob.glob(os.path.join(head, f".{glob.escape(name)}.jask-{kind + '-' if kind else ''}*")))
+
+
+def sibling_owner(sibling_path: str) -> int | None:
+    """The pid in a ``.NAME.jask-KIND-PID-TOKEN`` sibling's name (None if it has none)."""
+    parts = os.path.basename(sibling_path).rsplit("-", 2)
+    return int(parts[1]) if len(parts) == 3 and parts[1].isdigit() else None
 
 
 def pid_alive(pid: int) -> bool:
@@ -56,7 +78,8 @@ def owner_gone(pid: int, leftover: str) -> bool:
         return True
     started = process_start(pid)
     try:
-        modified = os.lstat(leftover).st_mtime
+        st = os.lstat(leftover)
     except OSError:
         return False
+    modified = max(st.st_mtime, st.st_ctime)      # a rename updates only the ctime
     return started is not None and started > modified + REUSE_MARGIN_SECONDS

@@ -125,7 +125,8 @@ class Prefetcher:
             return read()
         store, region = read
         reader = reader_for(store)
-        out = self.pool.get(tuple(s.stop - s.start for s in region), reader.dtype, keep=self.keep)
+        out = self.pool.get(tuple(s.stop - s.start for s in region), reader.dtype, keep=self.keep,
+                            retain_bytes=self.retain_bytes)
         return reader.read(region, out=out)
 
     # ------------------------------------------------------------ consumer

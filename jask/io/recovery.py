@@ -5,12 +5,11 @@ A replacement leaves hidden siblings ``.NAME.jask-KIND-PID-TOKEN`` (``tmp``,
 """
 from __future__ import annotations
 
-import glob
 import os
 import time
 
 from jask.io.pins import drop_retired, is_retired, remove_tree
-from jask.io.owners import owner_gone
+from jask.io.owners import owner_gone, sibling_owner as _owner, siblings as _siblings
 from jask.io.groups import roll_forward
 from jask.io.resume import resumable
 
@@ -18,21 +17,10 @@ from jask.io.resume import resumable
 SWAP_WAIT_SECONDS = 10.0   # how long open_existing waits for another process's two-rename swap
 
 
-def _owner(sibling: str) -> int | None:
-    """The pid in a ``.NAME.jask-KIND-PID-TOKEN`` sibling's name (None if it has none)."""
-    pid = sibling.rsplit("-", 2)[-2]
-    return int(pid) if pid.isdigit() else None
-
-
 def _owner_alive(sibling: str) -> bool:
     """Whether the process named in a sibling is another live process (not a newer one with its pid)."""
     pid = _owner(sibling)
     return pid is not None and pid != os.getpid() and not owner_gone(pid, sibling)
-
-
-def _siblings(path: str, kind: str = "") -> list[str]:
-    head, name = os.path.split(path)
-    return sorted(glob.glob(os.path.join(head, f".{glob.escape(name)}.jask-{kind}*")))
 
 
 def recover(path: str, keep_resumable: bool = True) -> list[str]:
@@ -48,7 +36,7 @@ def recover(path: str, keep_resumable: bool = True) -> list[str]:
     roll_forward(path)          # a dead process's group commit (jask.io.groups): all its swaps, first
     if not os.path.exists(path):
         for kind in ("new", "old"):
-            found = [f for f in _siblings(path, kind + "-") if not _owner_alive(f)]
+            found = [f for f in _siblings(path, kind) if not _owner_alive(f)]
             if found:
                 try:
                     os.rename(found[-1], path)
@@ -85,12 +73,17 @@ def sweep(path: str, keep_resumable: bool = True) -> list[str]:
 
 def swap_in_progress(path: str) -> bool:
     """Whether a live process (not this one) is between the two renames of a swap of ``path``."""
-    return any(_owner_alive(f) for kind in ("new-", "old-") for f in _siblings(path, kind))
+    return any(_owner_alive(f) for kind in ("new", "old") for f in _siblings(path, kind))
 
 
-def settle(path: str) -> None:
-    """Recover ``path``; while it is missing because a live process is mid-swap, wait for that swap."""
-    deadline = time.monotonic() + SWAP_WAIT_SECONDS
+def settle(path: str, deadline: float | None = None) -> None:
+    """Recover ``path``; while it is missing because a live process is mid-swap, wait for that swap.
+
+    Waits until ``deadline`` (a :func:`time.monotonic` time; by default
+    :data:`SWAP_WAIT_SECONDS` from now), then returns whether or not the path is back.
+    """
+    if deadline is None:
+        deadline = time.monotonic() + SWAP_WAIT_SECONDS
     recover(path)
     while not os.path.exists(path) and swap_in_progress(path) and time.monotonic() < deadline:
         time.sleep(0.005)

@@ -17,7 +17,6 @@ the old version, as they were.
 """
 from __future__ import annotations
 
-import os
 import weakref
 
 import numpy as np
@@ -25,9 +24,9 @@ import zarr
 from zarr.core.buffer.cpu import NDBuffer
 
 from jask.io import backends, dtypes, faults, versions
-from jask.io.layout import describe_region
+from jask.io.layout import check_shards, describe_region
 from jask.io.reader import CorruptChunkError, MissingChunkError, TileReadError, prepare_read
-from jask.io.store import PendingStore, Store, check_shards, describe_array, open_existing
+from jask.io.store import PendingStore, Store, describe_array, open_existing
 from jask.io.urls import Location, RemoteStoreError, parse
 
 
@@ -72,13 +71,10 @@ def new_pending(path_or_url, shape, dtype, chunks, compressors=None, shards=None
     return RemotePendingStore(where, shape, dtype, chunks, compressors, shards, storage_options, what)
 
 
-def exists(path_or_url, storage_options=None, what: str = "to_zarr") -> bool:
-    """Whether an array is at the URL (checking access and the bucket on the way), or a local path exists."""
-    where = resolve(path_or_url, storage_options, what)
-    if not isinstance(where, Location):
-        return os.path.exists(where)
-    root = backends.zarr_store(where, storage_options, what)
-    return versions.read_pointer(root, where, what) is not None
+def exists(location: Location, storage_options=None, what: str = "to_zarr") -> bool:
+    """Whether an array is at the URL (checking access and the bucket on the way)."""
+    root = backends.zarr_store(location, storage_options, what)
+    return versions.read_pointer(root, location, what) is not None
 
 
 class RemoteStore(Store):
@@ -100,14 +96,9 @@ class RemoteStore(Store):
         self.writable = writable
         self.storage_options = storage_options
         self._pin = None
-        self._root = root
         self._lifetime = _Remover(versions.remove_prefix, root, "") if owned else None   # scratch: all of it
         if not owned:                                            # scratch URLs are never replaced
             _open.setdefault(self.path, weakref.WeakSet()).add(self)
-
-    @property
-    def root(self) -> str:
-        return self.location.child(self.version).url if self.version else self.path
 
     def deleted(self) -> bool:
         return False
@@ -199,7 +190,10 @@ class RemotePendingStore:
         """Point the URL at the new version (one object written), then retire the old one.
 
         Before the pointer is written (fault point ``after_swap`` follows it) a
-        failure deletes the new version and leaves the URL as it was.
+        failure deletes the new version and leaves the URL as it was. A pointer
+        write that raises is checked by reading the pointer back: if it names
+        the new version the commit goes on; if it cannot be read the new version
+        is left (the URL may name it) and the error raised.
         """
         try:
             if faults.hook is not None:
@@ -207,7 +201,14 @@ class RemotePendingStore:
             previous = versions.read_pointer(self._root, self.location, self._call)
             if previous is not None and not replace:
                 raise FileExistsError(f"{self.final_path} already exists; pass overwrite=True to replace it")
-            versions.write_pointer(self._root, self.version)
+            try:
+                versions.write_pointer(self._root, self.version)
+            except BaseException:
+                landed = self._pointer_landed()
+                if landed is None:              # unknown: keep the version (swept as an orphan if unnamed)
+                    self._finalizer.detach()
+                if not landed:
+                    raise
         except BaseException as e:
             self.abort()
             if isinstance(e, (OSError, RuntimeError)) and not isinstance(e, (FileExistsError, RemoteStoreError)):
@@ -226,6 +227,15 @@ class RemotePendingStore:
         array = versions.open_version(self._root, self.version, "r+" if writable else "r", self.final_path)
         return RemoteStore(self.location, self.version, array, self._root, owned=owned, writable=writable,
                            storage_options=self.storage_options)
+
+
+    def _pointer_landed(self) -> bool | None:
+        """After the pointer write raised: whether it landed anyway (a PUT applied whose reply was
+        lost), so the new version is current and must not be deleted; None when the pointer cannot be read."""
+        try:
+            return versions.read_pointer(self._root, self.location, self._call) == self.version
+        except Exception:
+            return None
 
 
 class RemoteTileReader:

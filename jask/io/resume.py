@@ -13,7 +13,6 @@ chunk are resumed (the layout ``jask.io.layout`` calls ``"chunk"``).
 """
 from __future__ import annotations
 
-import glob
 import json
 import math
 import os
@@ -22,7 +21,7 @@ import warnings
 import zlib
 
 from jask.io.layout import covering
-from jask.io.owners import owner_gone
+from jask.io.owners import owner_gone, sibling, sibling_owner, siblings
 
 JOURNAL = ".jask-chunks"
 
@@ -40,25 +39,30 @@ def claim(final_path: str, tmp_path: str) -> bool:
     """
     with open(os.path.join(tmp_path, "zarr.json"), "rb") as f:
         meta = f.read()
-    head, name = os.path.split(final_path)
-    for cand in sorted(glob.glob(os.path.join(head, f".{glob.escape(name)}.jask-tmp-*"))):
-        pid = cand.rsplit("-", 2)[-2]
-        if cand == tmp_path or not pid.isdigit() or not resumable(cand) or not owner_gone(int(pid), cand):
+    for cand in siblings(final_path, "tmp"):
+        pid = sibling_owner(cand)
+        if cand == tmp_path or pid is None or not resumable(cand) or not owner_gone(pid, cand):
             continue
         try:
             with open(os.path.join(cand, "zarr.json"), "rb") as f:
                 if f.read() != meta:
                     continue
-            aside = tmp_path + "-fresh"
+            aside = sibling(final_path, "tmp")     # named like any -tmp-: swept once this process ends
             os.rename(tmp_path, aside)
             try:
                 os.rename(cand, tmp_path)         # only one claimant's rename finds it
             except OSError:
-                os.rename(aside, tmp_path)
+                os.rename(aside, tmp_path)        # (an OSError here leaves no folder to write: raised)
                 continue
             shutil.rmtree(aside, ignore_errors=True)
+            try:
+                os.utime(tmp_path)                # now this live process's: newer than its start
+            except OSError:
+                pass
             return True
         except OSError:
+            if not os.path.isdir(tmp_path):
+                raise
             continue
     return False
 
@@ -84,10 +88,9 @@ def warn_before_removing(final_path: str) -> None:
     (:func:`jask.io.recovery.recover`): the message says how far the killed
     write got and that ``resume=True`` would have continued it.
     """
-    head, name = os.path.split(final_path)
-    for cand in sorted(glob.glob(os.path.join(head, f".{glob.escape(name)}.jask-tmp-*"))):
-        pid = cand.rsplit("-", 2)[-2]
-        if pid.isdigit() and resumable(cand) and owner_gone(int(pid), cand):
+    for cand in siblings(final_path, "tmp"):
+        pid = sibling_owner(cand)
+        if pid is not None and resumable(cand) and owner_gone(pid, cand):
             done, total = progress(cand)
             warnings.warn(
                 f"{final_path}: a killed write (process {pid}) left a resumable partial array here with "

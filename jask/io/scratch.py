@@ -26,7 +26,7 @@ import tempfile
 import types
 
 from jask.io import resumable_scratch, urls
-from jask.io.owners import owner_gone, pid_alive  # noqa: F401  (pid_alive: used from here by tests)
+from jask.io.owners import owner_gone
 from jask.io.recovery import recover
 
 _RAM_FILESYSTEMS = {"tmpfs", "ramfs"}
@@ -194,10 +194,13 @@ def record_target(path: str) -> None:
         folder = process_dir()
     except (OSError, ValueError):
         return
-    if (folder, path) in _recorded:
+    if urls.is_url(folder) or (folder, path) in _recorded:    # an object-store scratch dir keeps no list
         return
-    with open(os.path.join(folder, TARGETS), "a") as f:
-        f.write(path + "\n")
+    try:
+        with open(os.path.join(folder, TARGETS), "a") as f:
+            f.write(path + "\n")
+    except OSError:
+        return
     _recorded.add((folder, path))
 
 
@@ -259,9 +262,13 @@ def cleanup_scratch(root: str | None = None, paths=()) -> list[str]:
     folders record, and beside each of ``paths``, including partial writes a
     ``to_zarr(..., resume=True)`` could continue, and what killed ``persist(...,
     resume=True)`` calls left under ``<root>/resume``. Only leftovers whose owner
-    process has ended are touched (:mod:`jask.io.owners`).
+    process has ended are touched (:mod:`jask.io.owners`). ``root`` may be a
+    ``file://`` URL. A scratch dir on an object store (``s3://...``) is not
+    swept: its stores delete themselves when freed, but what a killed process
+    left under ``<root>/jask-PID-TOKEN/`` stays (delete it with the store's tools).
     """
-    removed = remove_stale(root or _default_root(), keep_resumable=False)
+    root = urls.parse(root or _default_root(), "scratch_dir")
+    removed = [] if isinstance(root, urls.Location) else remove_stale(root, keep_resumable=False)
     for p in paths:
         removed += recover(os.path.abspath(os.fspath(p)), keep_resumable=False)
     return removed

@@ -24,23 +24,20 @@ from __future__ import annotations
 import ctypes
 import errno
 import os
-import secrets
+import time
 import weakref
 
 import numpy as np
 import zarr
 
-from jask.io import dtypes, durable, faults, scratch
+from jask.io import dtypes, durable, faults, recovery, scratch
+from jask.io.destinations import zarr_node
+from jask.io.owners import sibling as _sibling
 from jask.io.layout import check_shards, describe_region
 from jask.io.pins import Pin, drop_retired, folder_deleted, pin_current, remove_tree
 from jask.io.recovery import recover, settle, swap_in_progress, sweep
 from jask.io.resume import ChunkJournal, claim, warn_before_removing
 from jask.io.writer import ChunkFileWriter, make_chunk_writer
-
-
-def _sibling(path: str, kind: str) -> str:
-    head, name = os.path.split(os.path.abspath(path))
-    return os.path.join(head, f".{name}.jask-{kind}-{os.getpid()}-{secrets.token_hex(3)}")
 
 
 def describe_array(shape, dtype, path) -> str:
@@ -56,7 +53,6 @@ def _io_error(err: OSError, what: str) -> OSError:
 
 
 USE_EXCHANGE = True   # swap folders with renameat2(RENAME_EXCHANGE) where the filesystem can
-OPEN_ATTEMPTS = 50     # open_existing: settles again when another process starts its next swap meanwhile
 _RENAME_EXCHANGE = 2
 _AT_FDCWD = -100
 _libc = None
@@ -206,7 +202,9 @@ class PendingStore:
         self.final_path = os.path.abspath(final_path)
         self.what = describe_array(shape, dtype, self.final_path)
         os.makedirs(os.path.dirname(self.final_path), exist_ok=True)
-        user = not scratch.in_scratch(self.final_path)
+        # A user store (not in the scratch dir): its path is recorded and swept, and with durability
+        # "power" it is synced; scratch stores die with their process, whoever commits them and how.
+        self._user = user = not scratch.in_scratch(self.final_path)
         if user:                                       # note the path, sweep what killed writers left
             scratch.record_target(self.final_path)
             if not resume:
@@ -275,6 +273,8 @@ class PendingStore:
             self._writer.finish()
         self._finished = True
         if power and not self._synced:
+            if self._journal is not None:           # before the sync: no journal survives a power cut
+                self._journal.remove()
             durable.sync_tree(self.tmp_path, self.final_path)
             self._synced = True
 
@@ -290,7 +290,7 @@ class PendingStore:
         arrays still open on it, in this process or another.
         """
         pin = None
-        power = not owned and durable.mode() == "power"   # scratch dies with its process: never synced
+        power = self._user and durable.mode() == "power"   # scratch dies with its process: never synced
         try:
             self.complete(power)
             if faults.hook is not None:
@@ -375,11 +375,12 @@ def open_existing(path: str, mode: str) -> Store:
     if mode not in ("r", "r+"):
         raise ValueError(f"from_zarr mode must be 'r' or 'r+', got {mode!r}")
     path = os.path.abspath(os.fspath(path))
-    for attempt in range(OPEN_ATTEMPTS):
-        settle(path)     # a writer's next swap may begin right after settle returns: then settle again
-        last = attempt == OPEN_ATTEMPTS - 1
+    deadline = time.monotonic() + recovery.SWAP_WAIT_SECONDS   # one wait in all, however many swaps meet it
+    while True:
+        settle(path, deadline)   # a writer's next swap may begin right after settle returns: then settle again
+        late = time.monotonic() >= deadline
         if not os.path.exists(path):
-            if last or not swap_in_progress(path):
+            if late or not swap_in_progress(path):
                 raise FileNotFoundError(f"from_zarr: no Zarr array at {path}")
             continue
         if not os.path.isdir(path):
@@ -388,10 +389,13 @@ def open_existing(path: str, mode: str) -> Store:
             pin = pin_current(path)
             break
         except FileNotFoundError:
-            if last:
+            if late:
                 raise FileNotFoundError(f"from_zarr: no Zarr array at {path}") from None
-    if not (os.path.exists(os.path.join(pin.root, "zarr.json")) or os.path.exists(os.path.join(pin.root, ".zarray"))):
+    node = zarr_node(pin.root)
+    if node is None or node == "group":
         pin.release()
+        if node == "group":
+            raise ValueError(f"from_zarr: cannot open {path} as a Zarr array: it holds a Zarr group")
         raise ValueError(f"from_zarr: {path} is not a Zarr array (no zarr.json or .zarray inside)")
     try:
         array = zarr.open_array(pin.root, mode=mode)
