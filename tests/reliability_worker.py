@@ -96,8 +96,8 @@ def run_scenario(scenario, folder):
         jask.to_zarr(jask.square(a) + b, p("out.zarr"), overwrite=True)
     elif scenario in ("update", "update-fallback"):
         if scenario == "update-fallback":
-            from jask.io import store
-            store.USE_EXCHANGE = False                    # the two-rename swap
+            from jask.io import exchange
+            exchange.USE_EXCHANGE = False                    # the two-rename swap
         w = jask.from_zarr(p("w.zarr"), mode="r+")
         w.update_(w * 3.0 + a)
     elif scenario == "optim":                             # two parameters updated one after the other

@@ -31,6 +31,7 @@ import zarr
 import jask
 from jask.config import config
 from jask.io import faults, owners, pins, recovery, scratch, store
+from jask.io import exchange as exchange_module
 from jask.io.reader import CorruptChunkError, MissingChunkError
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -593,7 +594,7 @@ def test_failed_commit_aborts_the_other_outputs_of_its_group(small_tiles, tmp_pa
     (False, "before_commit:1:ENOSPC"), (False, "after_new_ready:1:EIO"), (False, "after_old_aside:1:EIO")])
 def test_update_io_error_keeps_old_value(small_tiles, tmp_path, monkeypatch, exchange, spec):
     """With the exchange swap, and with the two-rename fallback (failing between its renames)."""
-    monkeypatch.setattr(store, "USE_EXCHANGE", exchange)
+    monkeypatch.setattr(exchange_module, "USE_EXCHANGE", exchange)
     W, A = _rand_ints((8, 12), 4), _rand_ints((8, 12), 5)
     p = tmp_path / "w.zarr"
     jask.from_numpy(W).to_zarr(p)
@@ -707,7 +708,7 @@ def test_concurrent_readers_see_one_version(zygotes, small_tiles, tmp_path, monk
     """Readers in two other processes, each opening and reading the array afresh in a loop while this
     one commits all-k arrays with ``update_``: every read is exactly one committed version, also
     with the two-rename swap (the path is briefly missing; readers wait for it)."""
-    monkeypatch.setattr(store, "USE_EXCHANGE", exchange)
+    monkeypatch.setattr(exchange_module, "USE_EXCHANGE", exchange)
     shape = (32, 32)
     p = tmp_path / "shared.zarr"
     jask.from_numpy(np.zeros(shape, np.float32)).to_zarr(p)

@@ -21,8 +21,6 @@ Fault injection (:mod:`jask.io.faults`) fires at each step of a write and a comm
 """
 from __future__ import annotations
 
-import ctypes
-import errno
 import os
 import time
 import weakref
@@ -30,7 +28,7 @@ import weakref
 import numpy as np
 import zarr
 
-from jask.io import dtypes, durable, faults, recovery, scratch
+from jask.io import dtypes, durable, exchange, faults, recovery, scratch
 from jask.io.destinations import zarr_node
 from jask.io.owners import sibling as _sibling
 from jask.io.layout import check_shards, describe_region
@@ -50,33 +48,6 @@ def _io_error(err: OSError, what: str) -> OSError:
     if err.errno:
         return OSError(err.errno, f"{what} failed: {err.strerror or err}")
     return OSError(f"{what} failed: {err}")
-
-
-USE_EXCHANGE = True   # swap folders with renameat2(RENAME_EXCHANGE) where the filesystem can
-_RENAME_EXCHANGE = 2
-_AT_FDCWD = -100
-_libc = None
-
-
-def _exchange(a: str, b: str) -> bool:
-    """Atomically swap the names ``a`` and ``b``; False where the system or filesystem cannot."""
-    global _libc
-    if not USE_EXCHANGE:
-        return False
-    if _libc is None:
-        try:
-            _libc = ctypes.CDLL(None, use_errno=True)
-        except OSError:
-            _libc = False
-    fn = getattr(_libc, "renameat2", None) if _libc else None
-    if fn is None:
-        return False
-    if fn(_AT_FDCWD, os.fsencode(a), _AT_FDCWD, os.fsencode(b), _RENAME_EXCHANGE) == 0:
-        return True
-    code = ctypes.get_errno()
-    if code in (errno.EINVAL, errno.ENOSYS, errno.EOPNOTSUPP):
-        return False
-    raise OSError(code, os.strerror(code), a, None, b)
 
 
 class Store:
@@ -338,7 +309,7 @@ class PendingStore:
     def _swap(self) -> str:
         """Put the new folder at the final path and the old one at an ``-old-`` sibling; returns that sibling."""
         final = self.final_path
-        if _exchange(self.tmp_path, final):
+        if exchange.swap_names(self.tmp_path, final):
             self._finalizer.detach()             # the -tmp- name now holds the old array
             if faults.hook is not None:
                 faults.fire("after_swap", path=final)
