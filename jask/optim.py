@@ -27,7 +27,7 @@ from jask.hijax.make_op import make_op
 from jask.linalg.add import add
 from jask.linalg.mul import mul
 from jask.linalg.square import square
-from jask.api.sinks import persist
+from jask.api.sinks import persist, update_all
 from jask.ops.interpret import on_disk as _on_disk_fn
 
 
@@ -158,7 +158,27 @@ def apply_updates(params, updates):
     return _map(add, params, updates)
 
 
-def update_params(params, new_params) -> None:
-    """Commit new values into the parameter arrays in place (``update_``), keeping their identity."""
-    for p, q in zip(_leaves(params), _leaves(new_params)):
-        p.update_(q)
+def update_params(params, new_params, resume: bool = False) -> None:
+    """Commit new values into the parameter arrays in place, keeping their identity: after a crash, all old or all new.
+
+    Parameters in local stores go through :func:`jask.update_all`: every new
+    value in one pass, committed as one group, so a step killed between two
+    commits is finished by the next open instead of leaving parameters of two
+    steps; ``resume=True`` continues a killed step's computation. Where any
+    parameter lives at a store URL (no group commit there), each is updated
+    alone with ``update_`` (each atomic by itself).
+    """
+    targets = _leaves(params)
+    values = _leaves(new_params)
+    if len(targets) != len(values):
+        raise ValueError(f"update_params: {len(targets)} parameters but {len(values)} new values")
+    if any(_at_url(p) for p in targets):
+        for p, q in zip(targets, values):
+            p.update_(q, resume=resume)
+        return
+    update_all(targets, values, resume=resume)
+
+
+def _at_url(p: DiskArray) -> bool:
+    """Whether ``p`` is stored at a store URL (remote stores carry ``storage_options``)."""
+    return hasattr(getattr(p._node.resolved(), "store", None), "storage_options")

@@ -148,3 +148,26 @@ def test_sgd_and_schedule(regression):
             updates, state = opt.update(jax.grad(loss)(params), state, params)
             jask.optim.update_params(params, jask.optim.apply_updates(params, updates))
         assert float(loss(params)) < first
+
+
+def test_update_params_commits_local_parameters_as_one_group(tmp_path, small_tiles, monkeypatch):
+    """update_params goes through update_all for local stores: one pass, one group commit
+    (the group log exists before the first swap), so a kill between commits cannot mix steps."""
+    import zarr
+    from jask.io import faults
+    rng = np.random.default_rng(1)
+    values = {k: rng.standard_normal((8, 12)).astype(np.float32) for k in ("w", "b")}
+    for k, v in values.items():
+        zarr.create_array(str(tmp_path / f"{k}.zarr"), shape=v.shape, dtype=v.dtype, chunks=(4, 4),
+                          compressors=None, fill_value=0)[...] = v
+    params = {k: jask.from_zarr(str(tmp_path / f"{k}.zarr"), mode="r+") for k in values}
+    recorder = faults.Recorder()
+    monkeypatch.setattr(faults, "hook", recorder)
+    with jask.profile() as prof:
+        jask.optim.update_params(params, jask.optim.apply_updates(params, {k: p * -0.5 for k, p in params.items()}))
+    points = [p for p, _ in recorder.points]
+    assert points.count("after_group_log") == 1
+    assert points.index("after_group_log") < points.index("after_swap")
+    assert prof.plans == 1 and prof.bytes_read == 2 * 8 * 12 * 4     # both read once, in one pass
+    for k, v in values.items():
+        np.testing.assert_array_equal(zarr.open_array(str(tmp_path / f"{k}.zarr"), mode="r")[...], v * np.float32(0.5))
