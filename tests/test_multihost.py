@@ -6,7 +6,8 @@ program over stores the test wrote, and stops them. Each prints JSON with its
 results and bytes read and written; the assertions are here. Targets (issue 16):
 the bytes read summed over the processes equal one process's bytes (no tile read
 twice), every process gets the same scalar results, and an output store is
-written once, by its tiles' owners, and committed once.
+written once, by its tiles' owners, and committed once; on a store URL (a moto S3
+server on loopback) too, by one pointer PUT, which a lost process never reaches.
 """
 import json
 import os
@@ -21,6 +22,7 @@ import pytest
 import zarr
 
 import jask
+from jask.bench import s3server
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 TILE = 4
@@ -35,12 +37,8 @@ WORKER = textwrap.dedent("""
     import jask
     jask.config.update("tile", TILE)
     X, Y, T = (jask.from_zarr(os.path.join(root, f"{k}.zarr")) for k in "XYT")
-    if sys.argv[5:] == ["devices"]:            # and each process spreads its share over its local devices
-        jask.config.update("devices", "all")
-        assert len(jax.local_devices()) == 2 and len(jax.devices()) == 2 * n, jax.devices()
-    elif len(sys.argv) > 5:                      # "kill": process 1 dies at its first tile write of update_
+    def update_and_die(W):                     # process 1 dies at its first tile write of update_
         from jask.io import faults
-        W = jask.from_zarr(os.path.join(root, "W.zarr"), mode="r+")
         def die(point, info):
             if point == "before_tile_write" and pid == 1:
                 os._exit(9)
@@ -51,6 +49,29 @@ WORKER = textwrap.dedent("""
         except Exception as e:
             print("ERROR " + type(e).__name__ + ": " + str(e), flush=True)
         os._exit(0)                            # JAX's own shutdown would wait for the lost process
+    if sys.argv[5:] == ["devices"]:            # and each process spreads its share over its local devices
+        jask.config.update("devices", "all")
+        assert len(jax.local_devices()) == 2 and len(jax.devices()) == 2 * n, jax.devices()
+    elif sys.argv[5:6] == ["s3"]:              # outputs to store URLs on the S3 server at argv[6]
+        opts = {"key": "testing", "secret": "testing", "endpoint_url": sys.argv[6],
+                "client_kwargs": {"region_name": "us-east-1"}}
+        base, out = sys.argv[7], {}
+        with jask.profile() as p:
+            jask.to_zarr(X * 2.0 + 1.0, base + "/out.zarr", storage_options=opts)
+        out["to_zarr"] = [p.bytes_read, p.bytes_written, p.tiles]
+        for name in ("W", "K"):                # copies of a stored array: process 0 writes them
+            jask.to_zarr(jask.from_zarr(os.path.join(root, "W.zarr")), f"{base}/{name}.zarr", storage_options=opts)
+        from jask.io import backends
+        backends.USE_OBSTORE = False           # to_zarr went through obstore, update_ goes through s3fs
+        W = jask.from_zarr(base + "/W.zarr", mode="r+", storage_options=opts)
+        with jask.profile() as p:
+            W.update_(W * 2.0 + 1.0)
+        out["update"] = [p.bytes_read, p.bytes_written, p.tiles]
+        out["W_after"] = np.asarray(W).tolist()
+        print("RESULT" + json.dumps(out), flush=True)
+        update_and_die(jask.from_zarr(base + "/K.zarr", mode="r+", storage_options=opts))
+    elif len(sys.argv) > 5:                      # "kill"
+        update_and_die(jask.from_zarr(os.path.join(root, "W.zarr"), mode="r+"))
     out = {}
     with jask.profile() as p:
         out["sum"] = float(jask.sum(X))
@@ -146,7 +167,7 @@ def run_processes(tmp_path, n, *extra, devices=1):
     try:
         for p in procs:
             stdout, stderr = p.communicate(timeout=240)
-            if extra == ("kill",):
+            if extra[0:1] in (("kill",), ("s3",)):
                 outs.append((p.returncode, stdout, stderr))
                 continue
             lines = [ln for ln in stdout.splitlines() if ln.startswith("RESULT")]
@@ -242,3 +263,46 @@ def test_a_process_killed_mid_pass_leaves_the_old_store_and_a_named_error(tmp_pa
     np.testing.assert_array_equal(zarr.open_array(str(tmp_path / "W.zarr"), mode="r")[:], data["W"])
     left = [f for f in os.listdir(tmp_path) if ".jask-" in f]
     assert not left, f"staging folders left behind: {left}"
+
+
+MOTO_MISSING = s3server.moto_missing()
+
+
+@pytest.mark.skipif(MOTO_MISSING is not None, reason=f"S3 tests: {MOTO_MISSING}")
+def test_two_processes_share_store_url_outputs_and_a_lost_one_leaves_the_old_version(tmp_path):
+    """to_zarr and update_ to s3:// URLs (a moto server on loopback): each process writes its half of the
+    tiles into process 0's new version, one pointer PUT commits it; then process 1 dies mid-update_."""
+    server = s3server.S3Server()
+    try:
+        server.make_bucket("jask-mh")
+        data, outs = run_processes(tmp_path, 2, "s3", server.endpoint, "s3://jask-mh/run")
+        (rc0, out0, err0), (rc1, out1, err1) = outs
+        results = [json.loads(next(ln for ln in o.splitlines() if ln.startswith("RESULT"))[len("RESULT"):])
+                   for o in (out0, out1)]
+        X, W = data["X"], data["W"]
+        # each process read and wrote exactly its half of the tiles: 48 of X, 12 of W
+        assert [r["to_zarr"] for r in results] == [[X.nbytes // 2, X.nbytes // 2, 24]] * 2, results
+        assert [r["update"] for r in results] == [[W.nbytes // 2, W.nbytes // 2, 6]] * 2, results
+        opts = server.storage_options()
+        got = np.asarray(jask.from_zarr("s3://jask-mh/run/out.zarr", storage_options=opts))
+        np.testing.assert_array_equal(got, X * np.float32(2) + np.float32(1))
+        want_w = W * np.float32(2) + np.float32(1)
+        np.testing.assert_array_equal(np.asarray(jask.from_zarr("s3://jask-mh/run/W.zarr", storage_options=opts)),
+                                      want_w)
+        for r in results:
+            np.testing.assert_array_equal(np.array(r["W_after"], np.float32), want_w)
+
+        def versions(name):
+            listed = server.client().list_objects_v2(Bucket="jask-mh", Prefix=f"run/{name}.zarr/v-")
+            return {o["Key"].split("/")[2] for o in listed.get("Contents", [])}
+        assert len(versions("out")) == 1, versions("out")    # process 1's own new version was deleted at once
+        # process 1 died at its first tile write of K's update_: process 0 names the lost process and the
+        # URL, K keeps its old version, and process 0 deleted the new version it had begun
+        assert rc1 == 9 and rc0 == 0, (rc0, rc1, "process 1 was to die at its first tile write", err1[-2000:])
+        assert "ERROR ProcessLostError" in out0 and "s3://jask-mh/run/K.zarr" in out0 and "old version" in out0, \
+            out0 + err0[-2000:]
+        k = jask.from_zarr("s3://jask-mh/run/K.zarr", storage_options=opts)
+        np.testing.assert_array_equal(np.asarray(k), W)
+        assert versions("K") == {k._node.resolved().store.version}
+    finally:
+        server.stop()

@@ -167,6 +167,31 @@ def test_plain_zarr_array_at_a_url_is_read_and_replaced():
         fs.rm("/jask-test-plain", recursive=True)
 
 
+def test_version_writer_fills_another_writers_version():
+    """What a second process of a jax.distributed run does: write its tiles, zero tiles included, into the
+    version another pending store created; the pointer moves only at that store's commit."""
+    import fsspec
+    from jask.io.remote import RemotePendingStore, VersionWriter
+    from jask.io.urls import RemoteStoreError, parse
+    url = "memory://jask-test-share/a.zarr"
+    a = _data((8, 6), 11)
+    a[4:] = 0                                   # a chunk of fill values: stored all the same (dense)
+    try:
+        pending = RemotePendingStore(parse(url), a.shape, a.dtype, (4, 6))
+        pending.write((slice(0, 4), slice(0, 6)), a[:4])
+        other = VersionWriter(f"{url}/{pending.version}")
+        other.write((slice(4, 8), slice(0, 6)), a[4:])
+        other.finish()
+        with pytest.raises(FileNotFoundError):
+            jask.from_zarr(url)                 # nothing committed yet
+        pending.commit(owned=False)
+        np.testing.assert_array_equal(np.asarray(jask.from_zarr(url)), a)
+        with pytest.raises(RemoteStoreError, match="v-0000000000001-00000000"):
+            VersionWriter(f"{url}/v-0000000000001-00000000")
+    finally:
+        fsspec.filesystem("memory").rm("/jask-test-share", recursive=True)
+
+
 def test_reader_whose_version_is_deleted_gets_a_named_error():
     """Another process's writer deleted the version this reader opened: an error naming it, not other data."""
     import fsspec

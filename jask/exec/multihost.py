@@ -11,6 +11,10 @@ outputs can be shared is cut into one contiguous share per process
   chunks: process 0 creates the hidden staging folder, every process writes
   its own tiles into it, and after a barrier process 0 commits it (the usual
   atomic rename); a second barrier lets the others open the committed array.
+  An output to a store URL alike: process 0 creates the new version prefix,
+  every process writes its tiles into it through zarr's store, and process 0's
+  one pointer PUT commits it; a lost process leaves the pointer, and so the
+  old version (process 0 deletes the new prefix).
 * A scratch stage (an intermediate the next pass reads): the same, in a store
   in process 0's scratch folder that every process pins and reads (one host).
 * A small output that cannot be written so (in memory, or tiles a share
@@ -20,8 +24,8 @@ outputs can be shared is cut into one contiguous share per process
   path: process 0 alone).
 
 Other passes (in-memory results of large arrays, custom ops and their gradients,
-sharded outputs, chunks spanning tiles, store URLs) run whole in every process, as in a
-single-process run; of those, only process 0 writes a user path. See DESIGN.md.
+sharded outputs, chunks spanning tiles, scratch stages on store URLs) run whole in every
+process, as in a single-process run; of those, only process 0 writes a user path. See DESIGN.md.
 """
 from __future__ import annotations
 
@@ -39,7 +43,8 @@ from jask.graph.nodes import OpNode, StoredNode
 from jask.graph.op import CustomOp
 from jask.graph.tiling import block_at, block_shape, grid, region
 from jask.io import dtypes, faults
-from jask.io.remote import open_store
+from jask.io.remote import RemotePendingStore, VersionWriter, open_store
+from jask.io.store import PendingStore
 from jask.io.writer import make_chunk_writer
 from jask.kernels.window import widen_dtype
 
@@ -109,7 +114,8 @@ def wrap_sinks(plan, group, sinks, tile):
     indices = list(itertools.product(*map(range, grid(group[0].shape, tile))))
     cut = cuts_a_tile(plan, group, indices, count)
     whole_tiles = all(_one_tile_chunks(s, n, tile) for n, s in zip(group, sinks))
-    scratch_ok = one_host() and all(getattr(s, "adopt", True) for s in sinks if type(s) is ScratchSink)
+    scratch_ok = one_host() and all(getattr(s, "adopt", True) and isinstance(s.pending, PendingStore)
+                                    for s in sinks if type(s) is ScratchSink)   # not scratch URLs
     if not cut and whole_tiles and all(type(s) is PathSink or (type(s) is ScratchSink and scratch_ok)
                                        for s in sinks):
         wrapped = [SharedPathSink(s, _next_key()) if isinstance(s, PathSink) else shared_scratch(s, tile)
@@ -154,11 +160,12 @@ def _next_key() -> str:
 
 
 def _one_tile_chunks(sink, node, tile) -> bool:
-    """Whether ``sink`` writes a local folder in chunk files of one tile each (each written by one
-    process; a store URL, a shard or a chunk of several tiles is not shared)."""
-    from jask.io.store import PendingStore
+    """Whether ``sink`` writes a local folder or a store URL's new version in chunks of one tile
+    each (each written by one process; a shard, a chunk of several tiles or a ``memory://`` URL,
+    which each process holds in its own memory, is not shared)."""
     pending = getattr(sink, "pending", None)
-    return (isinstance(pending, PendingStore) and pending.array.shards is None
+    remote = isinstance(pending, RemotePendingStore) and pending.location.scheme != "memory"
+    return ((isinstance(pending, PendingStore) or remote) and pending.array.shards is None
             and tuple(pending.array.chunks) == block_shape(node.shape, tile))
 
 
@@ -207,6 +214,9 @@ def shared_scratch(local, tile):
 class SharedPathSink:
     """A :class:`~jask.exec.sinks.PathSink` written by every process, committed once by process 0.
 
+    Process 0's pending store is the one written: a local staging folder, or a
+    store URL's new version prefix (the others write into it through
+    :class:`~jask.io.remote.VersionWriter`, and process 0's one pointer PUT commits it).
     ``shared=False``: the pass runs whole everywhere and only process 0 writes.
     """
 
@@ -217,7 +227,13 @@ class SharedPathSink:
         self.writer = self.array = None
         if self.index != 0:
             sink.pending.abort()            # its own staging folder is not used
-        if shared:
+        if shared and isinstance(sink.pending, RemotePendingStore):
+            pending = sink.pending
+            url = _broadcast_text(f"share the new version of {pending.final_path}",
+                                  f"{pending.final_path}/{pending.version}" if self.index == 0 else "")
+            if self.index != 0:
+                self.writer = VersionWriter(url, pending.storage_options)
+        elif shared:
             path = _broadcast_text(f"share the staging folder of {sink.pending.final_path}",
                                    sink.pending.tmp_path if self.index == 0 else "")
             if self.index != 0:
@@ -241,7 +257,11 @@ class SharedPathSink:
         if self.writer is not None:
             self.writer.finish()           # this process's chunks are on disk
         path = self.sink.pending.final_path
-        barrier(f"jask-written-{self.key}", f"finish writing {path} (it keeps its old version)")
+        try:
+            barrier(f"jask-written-{self.key}", f"finish writing {path} (it keeps its old version)")
+        except BaseException:
+            self.abort()                   # process 0: the staging folder or new version goes
+            raise
         out = self.sink.finish() if self.index == 0 else None
         barrier(f"jask-committed-{self.key}", f"confirm the commit of {path}")
         if out is None:   # a local folder or a store URL (remote pending stores name it final_path too)

@@ -238,6 +238,38 @@ class RemotePendingStore:
             return None
 
 
+class VersionWriter:
+    """Writes this process's tiles into a version another process of a ``jax.distributed`` run created.
+
+    A pass shared between processes (:mod:`jask.exec.multihost`) writes one
+    version: process 0's :class:`RemotePendingStore` creates it (metadata), the
+    others write their own tiles into it through this, and process 0 alone
+    commits it (or, when a process is lost, deletes it). So this never deletes
+    anything. Same ``write`` as the local chunk writers.
+    """
+
+    def __init__(self, version_url: str, storage_options=None, what: str = "to_zarr"):
+        self.url = version_url
+        where = parse(version_url, what)
+        if not isinstance(where, Location):
+            raise ValueError(f"{what}: {version_url} is no store URL")
+        root = backends.zarr_store(where, storage_options, what)
+        try:     # every chunk is stored, even one of fill values: a reader takes a missing one for damage
+            self.array = zarr.open_array(root, mode="r+").with_config({"write_empty_chunks": True})
+        except Exception as e:
+            raise backends.named_error(e, f"{what}: opening the new version {version_url}", version_url) from e
+
+    def write(self, region, block) -> None:
+        try:
+            self.array[tuple(region)] = block
+        except Exception as e:
+            raise backends.named_error(e, f"writing region {describe_region(region)} of {self.url}",
+                                       self.url) from e
+
+    def finish(self) -> None:
+        """Nothing is buffered: each write is one PUT per chunk."""
+
+
 class RemoteTileReader:
     """Reads regions of a :class:`RemoteStore` through zarr, which fetches a region's chunks concurrently.
 
