@@ -62,6 +62,9 @@ class Config:
     device_budget: int | None = None  # bytes of device memory a window may take; None: half the free memory
     precision: str = os.environ.get("JASK_PRECISION", "highest")  # float32 contractions (matmul precision)
     durability: str = os.environ.get("JASK_DURABILITY", "process")  # "power": fsync around commits (jask.io.durable)
+    # bytes compiled window programs may hold; None: max(budget / 4, 256 MiB) (jask.exec.program_cache)
+    program_cache: int | None = (parse_bytes(os.environ["JASK_PROGRAM_CACHE"])
+                                 if os.environ.get("JASK_PROGRAM_CACHE") else None)
 
 
 config = Config()
@@ -75,7 +78,7 @@ def update(name: str, value) -> None:
     if not hasattr(config, name):
         names = ", ".join(f.name for f in dataclasses.fields(Config))
         raise ValueError(f"unknown jask setting {name!r}; known settings: {names}")
-    if name in ("memory_budget", "device_budget") and value is not None:
+    if name in ("memory_budget", "device_budget", "program_cache") and value is not None:
         value = parse_bytes(value)
     elif name == "device" and value is not None:
         import jax

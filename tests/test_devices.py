@@ -122,6 +122,7 @@ def test_pallas_windows_it_cannot_run_fall_back_per_window(small_tiles, monkeypa
     two windows of one shape with different tables must not share it.
     """
     import numpy as np
+    from jask.exec.program_cache import ProgramCache
     from jask.exec.run_windows import kernels_cache
     from jask.kernels import pallas as P
     from jask.kernels.legality import WindowNotLegal
@@ -130,7 +131,7 @@ def test_pallas_windows_it_cannot_run_fall_back_per_window(small_tiles, monkeypa
         raise WindowNotLegal("refused for the test")
 
     monkeypatch.setattr(P.PallasBackend, "compile_window", refuse)
-    monkeypatch.setattr(kernels_cache, "_programs", {})
+    monkeypatch.setattr(kernels_cache, "_programs", ProgramCache())
     jask.config.update("backend", "pallas-interpret")
     jask.set_memory_budget(4096)   # many small windows
     A = np.random.default_rng(3).standard_normal((16, 12)).astype(np.float32)
@@ -161,7 +162,7 @@ def test_a_program_the_platform_compiler_refuses_runs_on_xla_from_then_on():
     with pytest.warns(RuntimeWarning, match=r"could not compile the window program of dot \(RuntimeError: "
                                             r"Mosaic failed to compile TPU kernel\)"):
         assert kernels.run_stacked(compiled, call, failing, ()) is None
-    assert kernels._programs[Kernels._stacked_key(compiled, call)] == (None, "refused")
+    assert kernels._programs.get(Kernels._stacked_key(compiled, call)) == (None, "refused")
 
     calls = []
 

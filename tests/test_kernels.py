@@ -161,8 +161,9 @@ def test_executor_runs_pallas_kernels(small_tiles, monkeypatch):
         return program
 
     monkeypatch.setattr(P.PallasBackend, "compile_window", spy)
+    from jask.exec.program_cache import ProgramCache
     from jask.exec.run_windows import kernels_cache
-    monkeypatch.setattr(kernels_cache, "_programs", {})
+    monkeypatch.setattr(kernels_cache, "_programs", ProgramCache())
     jask.config.update("backend", "pallas-interpret")
     A, B = _rand((9, 6)), _rand((6, 5), 1)
     with jask.profile() as p:

@@ -18,8 +18,7 @@ import numpy as np
 from jask.plan.fusion import FusedTileOp, _is_plain, _Same
 from jask.kernels import xla
 from jask.kernels.legality import WindowNotLegal
-
-_KERNEL_CACHE_SIZE = 512
+from jask.exec.program_cache import Charged, ProgramCache
 
 
 def _identity_op(program):
@@ -30,8 +29,8 @@ class Kernels:
     """Window programs and fold functions of one backend, compiled once per program shape."""
 
     def __init__(self):
-        self._programs: dict = {}
-        self._combines: dict = {}
+        self._programs = ProgramCache()   # bounded in bytes (jask.exec.program_cache)
+        self._combines = ProgramCache()
         self._proven: set = set()   # stacked programs whose first call compiled and ran
 
     def program(self, backend, call, carried=()):
@@ -44,7 +43,8 @@ class Kernels:
             entry = self._programs.get(key)
             if entry is None:
                 try:
-                    entry = (backend.compile_window(_identity_op(call.program), call.spec), "stacked")
+                    entry = (Charged(backend.compile_window(_identity_op(call.program), call.spec),
+                                     self._programs, key), "stacked")
                 except WindowNotLegal:
                     entry = (None, "refused")
                 self._remember(key, entry)
@@ -54,7 +54,7 @@ class Kernels:
         entry = self._programs.get(key)
         if entry is None:
             fn = xla.compile_window_tiles(_identity_op(call.program), call.spec, call.table, call.valid, carried)
-            entry = (fn, "tiles" if backend.separate_tiles else "fallback")
+            entry = (Charged(fn, self._programs, key), "tiles" if backend.separate_tiles else "fallback")
             self._remember(key, entry)
         return entry
 
@@ -89,18 +89,18 @@ class Kernels:
         return (backend.name, call.program.key(), call.spec)
 
     def _remember(self, key, entry) -> None:
-        self._programs[key] = entry
-        while len(self._programs) > _KERNEL_CACHE_SIZE:
-            self._programs.pop(next(iter(self._programs)))
+        if entry[0] is None:
+            self._programs.put(key, entry, 0)   # a refusal holds no program
+        else:
+            self._programs.put(key, entry)      # charged its real bytes at its first call
 
     def combine(self, root_op):
         key = _Same(root_op)
         fn = self._combines.get(key)
         if fn is None:
-            fn = self._combines[key] = jax.jit(
-                lambda acc, part: jnp.asarray(root_op.combine(acc, part)).astype(acc.dtype))
-            while len(self._combines) > _KERNEL_CACHE_SIZE:
-                self._combines.pop(next(iter(self._combines)))
+            fn = Charged(jax.jit(lambda acc, part: jnp.asarray(root_op.combine(acc, part)).astype(acc.dtype)),
+                         self._combines, key)
+            self._combines.put(key, fn)
         return fn
 
 
