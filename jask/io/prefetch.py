@@ -122,6 +122,9 @@ class Prefetcher:
                 if result[0] == "error":
                     self._stop = True   # no new reads once one failed
                 self._cv.notify_all()
+            # the consumer owns the tile now: a reference kept here while this thread waits for a slot
+            # would hold one more buffer (or map) than ``depth`` says
+            value = result = None
 
     def _read(self, read):
         if callable(read):

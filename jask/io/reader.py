@@ -219,7 +219,8 @@ class TileReader:
         """``region`` as a read-only view of its mapped chunk file, or None to :meth:`read` it instead.
 
         Only for an uncompressed, unsharded store, and a region that is one
-        whole chunk (clipped at the array's edge, as an edge tile is). None also
+        whole chunk (clipped at the array's edge, as an edge tile is), whose file
+        is in the page cache (:func:`jask.io.maps.in_page_cache`). None also
         when the file is missing or is not exactly one chunk's bytes:
         :meth:`read` then fills it or raises its usual error. A missing chunk of
         a jask store raises :class:`MissingChunkError` here. The map is unmapped
@@ -239,7 +240,8 @@ class TileReader:
         if fd is None:
             return None
         try:
-            if os.fstat(fd).st_size != nbytes:
+            # not in the page cache: one large read beats faulting a map in
+            if os.fstat(fd).st_size != nbytes or not maps.in_page_cache(fd, nbytes):
                 return None
             if faults.hook is not None:
                 faults.fire("before_tile_read", path=self.path, region=region)
