@@ -47,6 +47,11 @@ class Config:
     process; ``"power"`` also a power cut, by fsyncing each user store's files
     and folders before its commit rename and the parent folder after it
     (:mod:`jask.io.durable`). ``JASK_DURABILITY`` sets the default.
+
+    ``read_mmap``: read whole uncompressed, unsharded chunks as read-only maps
+    of their files instead of copies (:meth:`jask.io.reader.TileReader.map_chunk`);
+    ``JASK_READ_MMAP=1`` sets the default. Off by default: a chunk file another
+    tool truncates in place while mapped kills the process with SIGBUS.
     """
 
     memory_budget: int = parse_bytes(os.environ.get("JASK_MEMORY_BUDGET", "512MB"))
@@ -65,6 +70,7 @@ class Config:
     # bytes compiled window programs may hold; None: max(budget / 4, 256 MiB) (jask.exec.program_cache)
     program_cache: int | None = (parse_bytes(os.environ["JASK_PROGRAM_CACHE"])
                                  if os.environ.get("JASK_PROGRAM_CACHE") else None)
+    read_mmap: bool = os.environ.get("JASK_READ_MMAP", "").lower() in ("1", "true", "yes", "on")
 
 
 config = Config()
@@ -102,6 +108,8 @@ def update(name: str, value) -> None:
             raise ValueError(f"tile must be a positive int or None, got {value!r}")
     elif name == "durability":
         durable.check_mode(value)
+    elif name == "read_mmap" and not isinstance(value, bool):
+        raise TypeError(f"read_mmap must be True or False, got {value!r}")
     elif name == "scratch_dir" and value is not None:
         scratch.check_scratch_dir(value, config.allow_tmpfs)
     setattr(config, name, value)

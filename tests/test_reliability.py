@@ -30,7 +30,7 @@ import zarr
 
 import jask
 from jask.config import config
-from jask.io import faults, owners, pins, recovery, scratch, store
+from jask.io import faults, maps, owners, pins, recovery, scratch, store
 from jask.io import exchange as exchange_module
 from jask.io.reader import CorruptChunkError, MissingChunkError
 
@@ -670,10 +670,13 @@ def _damaged(tmp_path, layout, damage):
     return p, data
 
 
-@pytest.mark.parametrize("layout", LAYOUTS)
+@pytest.mark.parametrize("layout,read_mmap", [(layout, False) for layout in LAYOUTS] + [("chunks", True)],
+                         ids=[*LAYOUTS, "chunks-mmap"])
 @pytest.mark.parametrize("damage", ["missing", "truncated", "tail_cut", "garbage"])
-def test_damaged_chunk_is_named(small_tiles, tmp_path, layout, damage):
-    """Missing, truncated or (where detectable) garbled chunks raise errors naming the chunk key and store."""
+def test_damaged_chunk_is_named(small_tiles, tmp_path, layout, read_mmap, damage):
+    """Missing, truncated or (where detectable) garbled chunks raise errors naming the chunk key and store;
+    also when whole chunks are read as maps (``read_mmap``), which a damaged chunk never is."""
+    jask.config.update("read_mmap", read_mmap)
     p, data = _damaged(tmp_path, layout, damage)
     x = jask.from_zarr(p)
     if damage == "garbage" and layout == "chunks":
@@ -758,9 +761,11 @@ def test_concurrent_readers_see_one_version(zygotes, small_tiles, tmp_path, monk
 
 # ---------------------------------------------------------------- pins and recovery
 
-def test_open_array_keeps_its_version_and_folder_when_replaced_from_outside(small_tiles, tmp_path):
+@pytest.mark.parametrize("read_mmap", [False, True], ids=["read", "mmap"])
+def test_open_array_keeps_its_version_and_folder_when_replaced_from_outside(small_tiles, tmp_path, read_mmap):
     """A store opened here keeps reading what it opened when someone else swaps the path, and the old
-    folder is deleted only when its last reader lets go."""
+    folder is deleted only when its last reader lets go; also when chunks are read as maps."""
+    jask.config.update("read_mmap", read_mmap)
     p = tmp_path / "x.zarr"
     jask.from_numpy(np.ones((8, 8), np.float32)).to_zarr(p)
     x = jask.from_zarr(p)
@@ -769,6 +774,9 @@ def test_open_array_keeps_its_version_and_folder_when_replaced_from_outside(smal
     z = zarr.create_array(p, shape=(8, 8), dtype="f4", chunks=(4, 4), compressors=None)
     z[...] = 2.0
     np.testing.assert_array_equal(np.asarray(x), 1.0)
+    maps.reset_peak()
+    assert float(jask.sum(x)) == 64.0
+    assert (maps.live()["peak_bytes"] > 0) == read_mmap, "the sum should read the old folder's chunks as maps"
     np.testing.assert_array_equal(np.asarray(jask.from_zarr(p)), 2.0)
     assert aside.exists(), "a folder still being read was deleted"
     assert not pins.drop_retired(str(aside))

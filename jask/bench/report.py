@@ -177,9 +177,11 @@ def markdown(suite) -> str:
                           f"{c.get('bytes_read', 0) / 1e9:.2f} GB, wrote {c.get('bytes_written', 0) / 1e9:.2f} GB"
                           + (f", {extra} s" if extra else "") + f"; first run {j['raw']['first_s'] or 0:.2f} s "
                           "(includes compilation)"]
-            lim = j.get("jask_over_limit")
-            if lim:
-                lines += ["", "jask/limit: " + ", ".join(f"jask/{k} = {x:.2f}" for k, x in lim.items())]
+            for r in (e for e in entries if e["system"] == "jask" or e["system"].endswith("-mmap")):
+                lim = r.get("jask_over_limit")
+                if lim:
+                    lines += ["", f"{r['system']}/limit: " + ", ".join(f"{r['system']}/{k} = {x:.2f}"
+                                                                      for k, x in lim.items())]
         lines.append("")
     lines += ["## Systems", ""] + [f"- **{k}**: {d}" for k, d in peers.DESCRIPTIONS.items()] + [""]
     return "\n".join(lines)

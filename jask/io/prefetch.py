@@ -13,6 +13,7 @@ import time
 
 from jask.io.layout import describe_region
 from jask.io.buffers import shared_pool
+from jask.io.scratch import setting
 from jask.io.reader import CorruptChunkError, MissingChunkError, TileKey, TileReadError, reader_for
 
 
@@ -24,7 +25,9 @@ class Prefetcher:
     requests : iterable
         Ordered ``(key, read)`` pairs. ``read`` is a zero-argument callable
         returning the value, or a ``(store, region)`` pair read with
-        :func:`reader_for` into a recycled aligned buffer. ``key`` is yielded
+        :func:`reader_for` into a recycled aligned buffer (or, under the
+        ``read_mmap`` setting, mapped read-only when it is one whole chunk:
+        it then holds its mapped pages where it would hold a buffer). ``key`` is yielded
         back with the value and names the tile in error messages: a tile index,
         or a :class:`TileKey` when several arrays share tile indices.
     depth : int
@@ -119,12 +122,19 @@ class Prefetcher:
                 if result[0] == "error":
                     self._stop = True   # no new reads once one failed
                 self._cv.notify_all()
+            # the consumer owns the tile now: a reference kept here while this thread waits for a slot
+            # would hold one more buffer (or map) than ``depth`` says
+            value = result = None
 
     def _read(self, read):
         if callable(read):
             return read()
         store, region = read
         reader = reader_for(store)
+        if setting("read_mmap", False) and hasattr(reader, "map_chunk"):
+            mapped = reader.map_chunk(region)
+            if mapped is not None:
+                return mapped
         out = self.pool.get(tuple(s.stop - s.start for s in region), reader.dtype, keep=self.keep,
                             retain_bytes=self.retain_bytes)
         return reader.read(region, out=out)

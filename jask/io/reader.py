@@ -9,6 +9,9 @@
   (Zarr v2, 0-d arrays, no TensorStore) goes through zarr-python's
   ``get_basic_selection(out=...)``, which also fills the preallocated buffer.
   :class:`jask.io.prefetch.Prefetcher` runs such reads ahead of the consumer.
+* :meth:`TileReader.map_chunk` instead maps a whole uncompressed chunk file
+  read-only (:mod:`jask.io.maps`): no copy at all from a warm page cache. The
+  prefetcher uses it under the ``read_mmap`` setting.
 
 Stores jask writes store every chunk (``attributes.jask.dense``), so a chunk
 file that is missing there is damage and raises :class:`MissingChunkError`;
@@ -34,7 +37,7 @@ from typing import NamedTuple
 
 import numpy as np
 
-from jask.io import dtypes, faults
+from jask.io import dtypes, faults, maps
 from jask.io.buffers import aligned_empty
 from jask.io.layout import MAX_UINT64, ChunkLayout, covering, describe_region
 from jask.io.pins import folder_deleted
@@ -211,6 +214,42 @@ class TileReader:
             _pread_chunk(fd, 0, self.layout.chunk, inner, dest)
         finally:
             os.close(fd)
+
+    def map_chunk(self, region) -> np.ndarray | None:
+        """``region`` as a read-only view of its mapped chunk file, or None to :meth:`read` it instead.
+
+        Only for an uncompressed, unsharded store, and a region that is one
+        whole chunk (clipped at the array's edge, as an edge tile is), whose file
+        is in the page cache (:func:`jask.io.maps.in_page_cache`). None also
+        when the file is missing or is not exactly one chunk's bytes:
+        :meth:`read` then fills it or raises its usual error. A missing chunk of
+        a jask store raises :class:`MissingChunkError` here. The map is unmapped
+        when the view and everything referring to its memory are gone.
+        """
+        lay, region = self.layout, tuple(region)
+        nbytes = self._chunk_nbytes() if lay.mode == "chunk" else 0
+        if not nbytes or len(region) != len(lay.chunk):
+            return None
+        coords = tuple(s.start // n for s, n in zip(region, lay.chunk))
+        if any(s.start != c * n or s.stop != min((c + 1) * n, d)
+               for s, c, n, d in zip(region, coords, lay.chunk, lay.shape)):
+            return None
+        if folder_deleted(self._pin, self.path):
+            return None
+        fd = self._open(lay.encode_key(coords))
+        if fd is None:
+            return None
+        try:
+            # not in the page cache: one large read beats faulting a map in
+            if os.fstat(fd).st_size != nbytes or not maps.in_page_cache(fd, nbytes):
+                return None
+            if faults.hook is not None:
+                faults.fire("before_tile_read", path=self.path, region=region)
+            mapped = maps.map_file(fd, nbytes)
+        finally:
+            os.close(fd)
+        chunk = np.frombuffer(mapped, lay.dtype).reshape(lay.chunk)
+        return dtypes.to_logical(chunk[tuple(slice(0, s.stop - s.start) for s in region)], self.dtype)
 
     def _chunk_nbytes(self):
         return math.prod(self.layout.chunk) * self.layout.dtype.itemsize
