@@ -401,3 +401,25 @@ def test_memory_urls_are_refused_as_destinations_in_a_multi_process_run(monkeypa
     np.testing.assert_array_equal(np.asarray(jask.from_zarr(url)), np.asarray(a))     # unchanged
     with pytest.raises(FileNotFoundError):
         jask.from_zarr("memory://jask-test-procs/c.zarr")                             # never written
+
+
+def test_a_version_removal_fired_inside_an_event_loop_runs_on_a_thread_of_its_own():
+    """A finalizer can fire on zarr's I/O thread, which runs an event loop: a blocking removal there
+    would be refused, so it moves to a thread of its own."""
+    import asyncio
+    import threading
+    from jask.io import remote
+    ran, done = [], threading.Event()
+
+    def remove(tag):
+        ran.append((tag, threading.current_thread().name))
+        done.set()
+
+    remote._remove_off_loop(remove, ("here",))
+    assert ran == [("here", threading.current_thread().name)]
+    done.clear()
+
+    async def in_loop():
+        remote._remove_off_loop(remove, ("loop",))
+    asyncio.run(in_loop())
+    assert done.wait(5) and ran[-1] == ("loop", "jask-remove-version")

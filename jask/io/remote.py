@@ -17,6 +17,8 @@ the old version, as they were.
 """
 from __future__ import annotations
 
+import asyncio
+import threading
 import weakref
 
 import numpy as np
@@ -112,7 +114,18 @@ class _Remover:
     """Calls ``remove(*args)`` (deleting keys) once no :class:`RemoteStore` holds this object, or at exit."""
 
     def __init__(self, remove, *args):
-        weakref.finalize(self, remove, *args)
+        weakref.finalize(self, _remove_off_loop, remove, args)
+
+
+def _remove_off_loop(remove, args) -> None:
+    """``remove(*args)`` here, or on a thread of its own when this thread runs an event loop: a
+    finalizer may fire on zarr's I/O thread, where the blocking ``sync`` the removal uses is refused."""
+    try:
+        asyncio.get_running_loop()
+    except RuntimeError:
+        remove(*args)
+        return
+    threading.Thread(target=remove, args=args, name="jask-remove-version", daemon=True).start()
 
 
 _open: dict[str, weakref.WeakSet] = {}

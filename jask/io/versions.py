@@ -108,12 +108,17 @@ def open_version(root, version: str, mode: str, url: str):
     return array
 
 
+REMOVE_ATTEMPTS = 3   # a busy server may drop a request; what still fails is swept as an orphan later
+
+
 def remove_prefix(root, prefix: str) -> None:
     """Delete every key under ``prefix`` (``""``: the whole URL); best effort, as at exit or in a finalizer."""
-    try:
-        sync(root.delete_dir(prefix))
-    except Exception:
-        pass
+    for attempt in range(REMOVE_ATTEMPTS):
+        try:
+            sync(root.delete_dir(prefix))
+            return
+        except Exception:
+            time.sleep(0.05 * (attempt + 1))
 
 
 def remove_version(root, version: str) -> None:
