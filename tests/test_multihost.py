@@ -30,7 +30,7 @@ SHAPES = {"X": (32, 24), "Y": (32, 24), "W": (16, 12), "T": (32, 8), "S": (16, 1
 
 WORKER = textwrap.dedent("""
     import json, os, sys
-    import numpy as np, jax
+    import numpy as np, jax, zarr
     pid, n, port, root = int(sys.argv[1]), int(sys.argv[2]), sys.argv[3], sys.argv[4]
     jax.config.update("jax_cpu_collectives_implementation", "gloo")
     jax.distributed.initialize(coordinator_address=f"127.0.0.1:{port}", num_processes=n, process_id=pid)
@@ -59,6 +59,9 @@ WORKER = textwrap.dedent("""
         with jask.profile() as p:
             jask.to_zarr(X * 2.0 + 1.0, base + "/out.zarr", storage_options=opts)
         out["to_zarr"] = [p.bytes_read, p.bytes_written, p.tiles]
+        with jask.profile() as p:              # shards of 3 x 2 tiles: each process writes whole shards
+            jask.to_zarr(X * 2.0 + 1.0, base + "/sharded.zarr", shards=(3 * TILE, 2 * TILE), storage_options=opts)
+        out["sharded"] = [p.bytes_read, p.bytes_written, p.tiles]
         for name in ("W", "K"):                # copies of a stored array: process 0 writes them
             jask.to_zarr(jask.from_zarr(os.path.join(root, "W.zarr")), f"{base}/{name}.zarr", storage_options=opts)
         from jask.io import backends
@@ -94,6 +97,8 @@ WORKER = textwrap.dedent("""
                         ("sharded", lambda: jask.to_zarr(X * 2.0 + 1.0, os.path.join(root, "sharded.zarr"),
                                                          shards=(3 * TILE, 2 * TILE))),
                         ("S", lambda: S.update_(S * 2.0 + 1.0)),
+                        ("zeros", lambda: jask.to_zarr(X - X, os.path.join(root, "zeros.zarr"), shards=(
+                            2 * TILE, 2 * TILE), compressors=[zarr.codecs.ZstdCodec()])),   # shards of zeros
                         ("one_shard", lambda: jask.to_zarr(S * 3.0, os.path.join(root, "one_shard.zarr"),
                                                            shards=SHAPES["S"]))):
         label[0] = name
@@ -264,19 +269,20 @@ def check_files(data, outs, n, tmp_path):
     X, S = data["X"], data["S"]
     tile = TILE * TILE * 4
     # (tiles along each axis, tiles per file along each axis) of each output
-    layouts = {"big_chunks": ((8, 6), (2, 2)), "sharded": ((8, 6), (3, 2)), "S": ((4, 3), (2, 2))}
+    layouts = {"big_chunks": ((8, 6), (2, 2)), "sharded": ((8, 6), (3, 2)), "S": ((4, 3), (2, 2)),
+               "zeros": ((8, 6), (2, 2))}
     for name, (grid, per_file) in layouts.items():
         got = [o[name] for o in outs]              # [bytes read, bytes written, tiles] per process
         assert sum(g[2] for g in got) == grid[0] * grid[1], (name, got)
         assert all(g[0] == g[1] == g[2] * tile for g in got), (name, got)   # its own tiles only
-        if name != "big_chunks":                  # shard files written, per process: disjoint, all of them
+        if name in ("sharded", "S"):              # shard files written, per process: disjoint, all of them
             files = [{tuple(f) for f in o["shards_written"].get(name, [])} for o in outs]
             assert set().union(*files) == set(np.ndindex(*[-(-g // f) for g, f in zip(grid, per_file)])), files
             assert sum(map(len, files)) == len(set().union(*files)), (name, files)
             sizes = [sum(np.prod([min(f, g - c * f) for c, g, f in zip(k, grid, per_file)]) for k in fs)
                      for fs in files]
             assert [g[2] for g in got] == sizes, (name, got, sizes)
-        # 12 chunks of 4 tiles; 9 shards of 6, 6, 6, 6, 6, 6, 4, 4, 4 tiles (cut after the 4th: an even
+        # 12 chunks (or shards) of 4 tiles; 9 shards of 6, 6, 6, 6, 6, 6, 4, 4, 4 tiles (cut after the 4th: an even
         # split of the tiles in C order would cut the 2nd row of shards); 4 shards of 4, 2, 4, 2 tiles
         if n == 2:
             assert [g[2] for g in got] == [grid[0] * grid[1] // 2] * 2, (name, got)
@@ -284,6 +290,9 @@ def check_files(data, outs, n, tmp_path):
     assert [o["one_shard"][1] for o in outs] == [S.nbytes] + [0] * (n - 1)
     assert [o["shards_written"].get("one_shard", []) for o in outs] == [[[0, 0]]] + [[]] * (n - 1), outs
     one = np.float32(1)
+    # every file is there (compressed, all zeros: a dense reader takes a missing one for damage)
+    assert sum(len(fs) for _, _, fs in os.walk(tmp_path / "zeros.zarr" / "c")) == 12
+    np.testing.assert_array_equal(np.asarray(jask.from_zarr(str(tmp_path / "zeros.zarr"))), X * 0)
     for name, want in (("big_chunks", X * 2), ("sharded", X * 2 + one), ("S", S * 2 + one),
                        ("one_shard", (S * 2 + one) * np.float32(3))):
         np.testing.assert_array_equal(zarr.open_array(str(tmp_path / f"{name}.zarr"), mode="r")[:], want)
@@ -337,9 +346,11 @@ def test_two_processes_share_store_url_outputs_and_a_lost_one_leaves_the_old_ver
         # each process read and wrote exactly its half of the tiles: 48 of X, 12 of W
         assert [r["to_zarr"] for r in results] == [[X.nbytes // 2, X.nbytes // 2, 24]] * 2, results
         assert [r["update"] for r in results] == [[W.nbytes // 2, W.nbytes // 2, 6]] * 2, results
+        assert [r["sharded"] for r in results] == [[X.nbytes // 2, X.nbytes // 2, 24]] * 2, results
         opts = server.storage_options()
-        got = np.asarray(jask.from_zarr("s3://jask-mh/run/out.zarr", storage_options=opts))
-        np.testing.assert_array_equal(got, X * np.float32(2) + np.float32(1))
+        for name in ("out", "sharded"):
+            got = np.asarray(jask.from_zarr(f"s3://jask-mh/run/{name}.zarr", storage_options=opts))
+            np.testing.assert_array_equal(got, X * np.float32(2) + np.float32(1))
         want_w = W * np.float32(2) + np.float32(1)
         np.testing.assert_array_equal(np.asarray(jask.from_zarr("s3://jask-mh/run/W.zarr", storage_options=opts)),
                                       want_w)
