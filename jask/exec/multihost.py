@@ -15,6 +15,10 @@ outputs can be shared is cut into one contiguous share per process
   every process writes its tiles into it through zarr's store, and process 0's
   one pointer PUT commits it; a lost process leaves the pointer, and so the
   old version (process 0 deletes the new prefix).
+* An output in files of several tiles (chunks of many tiles, or shards): the
+  same, but the pass is cut on file boundaries (:mod:`jask.exec.block_shares`),
+  so each chunk or shard file is written whole by one process; a layout of a
+  single file (one shard) leaves nothing to share: it runs whole.
 * A scratch stage (an intermediate the next pass reads): the same, in a store
   in process 0's scratch folder that every process pins and reads (one host).
 * A small output that cannot be written so (in memory, or tiles a share
@@ -23,9 +27,9 @@ outputs can be shared is cut into one contiguous share per process
   accumulator dtype, cast once), and each writes it to its own sink (a user
   path: process 0 alone).
 
-Other passes (in-memory results of large arrays, custom ops and their gradients,
-sharded outputs, chunks spanning tiles, scratch stages on store URLs) run whole in every
-process, as in a single-process run; of those, only process 0 writes a user path. See DESIGN.md.
+Other passes (in-memory results of large arrays, custom ops and their gradients, outputs of
+a single file, scratch stages on store URLs) run whole in every process, as in a
+single-process run; of those, only process 0 writes a user path. See DESIGN.md.
 """
 from __future__ import annotations
 
