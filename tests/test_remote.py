@@ -384,3 +384,20 @@ def test_remote_benchmark_runs(tmp_path):
     assert result["sum_ok"] and result["bytes"] == 4 * 2**20
     assert {"jask sum", "jask sum, fsspec route", "raw GET boto3 sequential"} <= result["rates"].keys()
     assert "jask sum / best raw GET" in proc.stdout
+
+
+def test_memory_urls_are_refused_as_destinations_in_a_multi_process_run(monkeypatch):
+    """Each process has its own memory:// store: process 0's commit would be invisible to the others."""
+    url = "memory://jask-test-procs/a.zarr"
+    a = jask.from_numpy(np.arange(12, dtype=np.float32).reshape(3, 4))
+    jask.to_zarr(a, url)
+    b = jask.from_zarr(url, mode="r+")
+    monkeypatch.setattr(jax, "process_count", lambda: 2)
+    with pytest.raises(ValueError, match=r"to_zarr: memory://jask-test-procs/c\.zarr is a memory:// URL.*2 processes"):
+        jask.to_zarr(a, "memory://jask-test-procs/c.zarr")
+    with pytest.raises(ValueError, match=r"update_: memory://jask-test-procs/a\.zarr is a memory:// URL"):
+        b.update_(b + 1)
+    monkeypatch.undo()
+    np.testing.assert_array_equal(np.asarray(jask.from_zarr(url)), np.asarray(a))     # unchanged
+    with pytest.raises(FileNotFoundError):
+        jask.from_zarr("memory://jask-test-procs/c.zarr")                             # never written

@@ -69,6 +69,15 @@ def _check_resume(call: str, resume: bool) -> None:
                          f"({jax.process_count()} processes); drop resume=True")
 
 
+def _check_shared_destination(call: str, where) -> None:
+    """Refuse a ``memory://`` destination in a ``jax.distributed`` run: each process has its own
+    memory store, so the array process 0 commits is invisible to the others, which then fail."""
+    if isinstance(where, Location) and where.scheme == "memory" and jax.process_count() > 1:
+        raise ValueError(f"{call}: {where.url} is a memory:// URL, which lives in one process's memory, and this "
+                         f"run has {jax.process_count()} processes; write to a local path or an s3:// or "
+                         "gs:// URL every process can reach")
+
+
 def to_zarr(x, path, overwrite: bool = False, chunks=None, compressors=None, shards=None,
             storage_options=None, resume: bool = False) -> None:
     """Write ``x`` to a Zarr v3 array at ``path`` (a folder or a store URL); it appears only once complete.
@@ -95,6 +104,7 @@ def to_zarr(x, path, overwrite: bool = False, chunks=None, compressors=None, sha
         raise TypeError("to_zarr cannot run inside jit; return the DiskArray and write it afterwards")
     _check_resume("to_zarr", resume)
     where = resolve(path, storage_options, "to_zarr")
+    _check_shared_destination("to_zarr", where)
     if not isinstance(where, Location):
         check_destination(where, overwrite)
     elif exists(where, storage_options) and not overwrite:
@@ -162,6 +172,7 @@ def update_(target: DiskArray, new_value, resume: bool = False) -> None:
             raise ValueError(f"update_: the store at {old.store.path} was opened read-only; "
                              "open it with jask.from_zarr(path, mode='r+') to update it")
         old_store = old.store
+        _check_shared_destination("update_", getattr(old_store, "location", None))
         (store,) = run([new_value._node], lambda node, tile: PathSink(
             node, tile, old_store.path, overwrite=True, writable=True, chunks=old_store.chunks,
             shards=old_store.shards, storage_options=getattr(old_store, "storage_options", None),

@@ -30,7 +30,7 @@ class Kernels:
 
     def __init__(self):
         self._programs = ProgramCache()   # bounded in bytes (jask.exec.program_cache)
-        self._combines = ProgramCache()
+        self._combines = self._programs   # fold functions count against the same bound
         self._proven: set = set()   # stacked programs whose first call compiled and ran
 
     def program(self, backend, call, carried=()):
