@@ -102,8 +102,12 @@ WORKER = textwrap.dedent("""
                         ("one_shard", lambda: jask.to_zarr(S * 3.0, os.path.join(root, "one_shard.zarr"),
                                                            shards=SHAPES["S"]))):
         label[0] = name
+        budget = jask.config.config.memory_budget   # one shard too big to gather (over 1/8 of the budget):
+        if name == "one_shard":                     # computed whole everywhere
+            jask.set_memory_budget(8000)
         with jask.profile() as p:
             write()
+        jask.set_memory_budget(budget)
         out[name] = [p.bytes_read, p.bytes_written, p.tiles]
     ShardWriter._append_bytes = append
     out["S_after"] = np.asarray(S).tolist()
@@ -286,8 +290,8 @@ def check_files(data, outs, n, tmp_path):
         # split of the tiles in C order would cut the 2nd row of shards); 4 shards of 4, 2, 4, 2 tiles
         if n == 2:
             assert [g[2] for g in got] == [grid[0] * grid[1] // 2] * 2, (name, got)
-    # a single shard is one piece: the pass runs whole everywhere, process 0 alone writes it
-    assert [o["one_shard"][1] for o in outs] == [S.nbytes] + [0] * (n - 1)
+    # a single shard is one piece, too big to gather: the pass runs whole everywhere, process 0 alone writes
+    assert [o["one_shard"] for o in outs] == [[S.nbytes, S.nbytes, 12]] + [[S.nbytes, 0, 12]] * (n - 1), outs
     assert [o["shards_written"].get("one_shard", []) for o in outs] == [[[0, 0]]] + [[]] * (n - 1), outs
     one = np.float32(1)
     # every file is there (compressed, all zeros: a dense reader takes a missing one for damage)

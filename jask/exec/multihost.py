@@ -18,7 +18,8 @@ outputs can be shared is cut into one contiguous share per process
 * An output in files of several tiles (chunks of many tiles, or shards): the
   same, but the pass is cut on file boundaries (:mod:`jask.exec.block_shares`),
   so each chunk or shard file is written whole by one process; a layout of a
-  single file (one shard) leaves nothing to share: it runs whole.
+  single file (one shard) leaves nothing to share: process 0 alone writes it
+  (gathered when small, below, else computed whole everywhere).
 * A scratch stage (an intermediate the next pass reads): the same, in a store
   in process 0's scratch folder that every process pins and reads (one host).
 * A small output that cannot be written so (in memory, or tiles a share
@@ -27,8 +28,8 @@ outputs can be shared is cut into one contiguous share per process
   accumulator dtype, cast once), and each writes it to its own sink (a user
   path: process 0 alone).
 
-Other passes (in-memory results of large arrays, custom ops and their gradients, outputs of
-a single file, scratch stages on store URLs) run whole in every process, as in a
+Other passes (in-memory results of large arrays, custom ops and their gradients, large
+outputs of a single file, scratch stages on store URLs) run whole in every process, as in a
 single-process run; of those, only process 0 writes a user path. See DESIGN.md.
 """
 from __future__ import annotations
