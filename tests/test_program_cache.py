@@ -23,15 +23,24 @@ def test_least_recently_used_entries_go_once_the_bytes_pass_the_limit(monkeypatc
     assert len(cache) == 0 and cache.nbytes == 0
 
 
-def test_a_program_is_charged_at_its_first_call_only(monkeypatch):
+def test_a_program_is_charged_its_estimate_at_its_first_call_only(monkeypatch):
+    import jax
+    import jax.numpy as jnp
     monkeypatch.setattr(jask.config.config, "program_cache", None)
-    cache, calls = ProgramCache(), []
-    fn = Charged(lambda v: calls.append(v) or v * 2, cache, "k")
+    cache, traces = ProgramCache(), []
+    jitted = jax.jit(lambda v: traces.append(1) or jnp.tanh(v) * 2)
+    fn = Charged(jitted, cache, "k")
     cache.put("k", fn)
-    readings = iter([100, 100 + 5 * 2**20])
-    monkeypatch.setattr(program_cache.memstat, "status_bytes", lambda field: next(readings))
-    assert fn(3) == 6 and cache.nbytes == 5 * 2**20
-    assert fn(4) == 8 and cache.nbytes == 5 * 2**20 and calls == [3, 4]   # no second reading
+    x = jnp.ones(8)
+    want = program_cache.PROGRAM_BASE_BYTES + program_cache.BYTES_PER_HLO_CHAR * len(jitted.lower(x).as_text())
+    np.testing.assert_allclose(np.asarray(fn(x)), np.tanh(np.ones(8)) * 2, rtol=1e-6)
+    assert cache.nbytes == want
+    np.testing.assert_allclose(np.asarray(fn(x + 1)), np.tanh(np.full(8, 2.0)) * 2, rtol=1e-6)
+    assert cache.nbytes == want and len(traces) == 1          # estimated once; the call reused the trace
+    plain = Charged(lambda v: v, cache, "plain")             # not a jax.jit function: the default charge
+    cache.put("plain", plain)
+    plain(1)
+    assert cache.nbytes == want + program_cache.DEFAULT_PROGRAM_BYTES
 
 
 def test_default_limit_is_a_quarter_of_the_budget_with_a_floor():
@@ -58,4 +67,4 @@ def test_distinct_chains_keep_the_cache_within_its_limit_and_stay_correct():
         np.testing.assert_allclose(got, float((a * np.float32(i + 2) + 1).sum()), rtol=1e-4)
         assert kernels_cache._programs.nbytes <= 12 * 2**20 or len(kernels_cache._programs) == 1
     assert kernels_cache._programs.evictions > before
-    assert kernels_cache._programs.nbytes >= program_cache.MIN_PROGRAM_BYTES * len(kernels_cache._programs)
+    assert kernels_cache._programs.nbytes >= program_cache.PROGRAM_BASE_BYTES * len(kernels_cache._programs)

@@ -1,27 +1,33 @@
 """Compiled window programs kept for reuse, bounded by the bytes they hold rather than by count.
 
-An XLA:CPU window program holds 1.7-12 MiB of host memory (its code is unrolled
-over the window's entries: 40 distinct sums at tile 256 held 1.7 MiB each, chains
-of 8 ops at tile 64 11 MiB each; about 90% of it came back once they were dropped), so
-the old bound of 512 programs could hold several GiB that no budget saw. Each
-program is charged the growth of the process's resident memory across its first
-call, which is where JAX compiles it (at least :data:`MIN_PROGRAM_BYTES`; the
-typical :data:`DEFAULT_PROGRAM_BYTES` where the system cannot tell), and the
-least recently used programs are dropped once the total passes
+An XLA:CPU window program holds 1-12 MiB of host memory (its code is unrolled
+over the window's entries), so the old bound of 512 programs could hold several
+GiB that no budget saw. Each program is charged an estimate from the size of its
+lowered StableHLO text, made at its first call (``fn.lower(*args)``, whose work
+the call then reuses): :data:`PROGRAM_BASE_BYTES` plus :data:`BYTES_PER_HLO_CHAR`
+per character, fitted on seven window programs (tile 32-512, chains of 0-8 ops)
+against the memory each returned when dropped: 1.0-9.1 MiB, the estimate within
+~30%. Resident-memory growth across the compile was tried first and dropped: in
+a long-running process the allocator reuses freed memory, so a compile often
+grew it by nothing. Where a program cannot be lowered so (not a ``jax.jit``
+function), it is charged :data:`DEFAULT_PROGRAM_BYTES`.
+
+The least recently used programs are dropped once the total passes
 :func:`limit_bytes`: the ``program_cache`` setting, or a quarter of the memory
 budget but at least :data:`MIN_LIMIT_BYTES`. The bound is on top of the tile
-budget, not inside it, and the floor is deliberate: the bench's ``jit(grad)``
-step at a 64 MB budget runs 7 programs charged 89 MiB in all, and with a 64 MiB
-bound it compiled some of them again every step (0.57 -> 1.0 s per step).
+budget, not inside it, and the floor is deliberate: every step of a training
+loop reuses all of its programs, and one dropped is compiled again at 50-200 ms
+(the bench's ``jit(grad)`` step at a 64 MB budget went from 0.57 to 1.0 s when a
+64 MiB bound dropped some of them each step).
 """
 from __future__ import annotations
 
 import collections
 
 from jask.config import config
-from jask.io import memstat
 
-MIN_PROGRAM_BYTES = 256 * 2**10
+PROGRAM_BASE_BYTES = 900 * 2**10
+BYTES_PER_HLO_CHAR = 45
 DEFAULT_PROGRAM_BYTES = 2 * 2**20
 MIN_LIMIT_BYTES = 256 * 2**20
 BUDGET_SHARE = 4
@@ -52,7 +58,7 @@ class ProgramCache:
             self._entries.move_to_end(key)
         return value
 
-    def put(self, key, value, nbytes: int = MIN_PROGRAM_BYTES) -> None:
+    def put(self, key, value, nbytes: int = PROGRAM_BASE_BYTES) -> None:
         self._drop(key)
         self._entries[key] = value
         self._bytes[key] = nbytes
@@ -83,20 +89,26 @@ class ProgramCache:
             self.evictions += 1
 
 
+def estimated_bytes(fn, args) -> int:
+    """Host bytes the compiled ``fn`` will hold for these arguments (see the module docstring)."""
+    lower = getattr(fn, "lower", None)
+    if lower is None:
+        return DEFAULT_PROGRAM_BYTES
+    try:
+        text = lower(*args).as_text()
+    except Exception:   # noqa: BLE001 -- the call right after raises it where it belongs
+        return DEFAULT_PROGRAM_BYTES
+    return PROGRAM_BASE_BYTES + BYTES_PER_HLO_CHAR * len(text)
+
+
 class Charged:
-    """A compiled program that charges its cache entry, at its first call, the resident memory
-    that call added (JAX compiles it there; the outputs it allocates count too, erring high)."""
+    """A compiled program that charges its cache entry its :func:`estimated_bytes` at its first call."""
 
     def __init__(self, fn, cache: ProgramCache, key):
         self.fn, self._cache, self._key = fn, cache, key
 
     def __call__(self, *args):
-        if self._cache is None:
-            return self.fn(*args)
-        cache, self._cache = self._cache, None
-        before = memstat.status_bytes("VmRSS")
-        out = self.fn(*args)
-        after = memstat.status_bytes("VmRSS")
-        grown = DEFAULT_PROGRAM_BYTES if before is None or after is None else after - before
-        cache.charge(self._key, max(grown, MIN_PROGRAM_BYTES))
-        return out
+        if self._cache is not None:
+            cache, self._cache = self._cache, None
+            cache.charge(self._key, estimated_bytes(self.fn, args))
+        return self.fn(*args)
