@@ -26,11 +26,11 @@ from jask.bench import s3server
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 TILE = 4
-SHAPES = {"X": (32, 24), "Y": (32, 24), "W": (16, 12), "T": (32, 8)}
+SHAPES = {"X": (32, 24), "Y": (32, 24), "W": (16, 12), "T": (32, 8), "S": (16, 12)}
 
 WORKER = textwrap.dedent("""
     import json, os, sys
-    import numpy as np, jax
+    import numpy as np, jax, zarr
     pid, n, port, root = int(sys.argv[1]), int(sys.argv[2]), sys.argv[3], sys.argv[4]
     jax.config.update("jax_cpu_collectives_implementation", "gloo")
     jax.distributed.initialize(coordinator_address=f"127.0.0.1:{port}", num_processes=n, process_id=pid)
@@ -59,6 +59,9 @@ WORKER = textwrap.dedent("""
         with jask.profile() as p:
             jask.to_zarr(X * 2.0 + 1.0, base + "/out.zarr", storage_options=opts)
         out["to_zarr"] = [p.bytes_read, p.bytes_written, p.tiles]
+        with jask.profile() as p:              # shards of 3 x 2 tiles: each process writes whole shards
+            jask.to_zarr(X * 2.0 + 1.0, base + "/sharded.zarr", shards=(3 * TILE, 2 * TILE), storage_options=opts)
+        out["sharded"] = [p.bytes_read, p.bytes_written, p.tiles]
         for name in ("W", "K"):                # copies of a stored array: process 0 writes them
             jask.to_zarr(jask.from_zarr(os.path.join(root, "W.zarr")), f"{base}/{name}.zarr", storage_options=opts)
         from jask.io import backends
@@ -70,8 +73,8 @@ WORKER = textwrap.dedent("""
         out["W_after"] = np.asarray(W).tolist()
         print("RESULT" + json.dumps(out), flush=True)
         update_and_die(jask.from_zarr(base + "/K.zarr", mode="r+", storage_options=opts))
-    elif len(sys.argv) > 5:                      # "kill"
-        update_and_die(jask.from_zarr(os.path.join(root, "W.zarr"), mode="r+"))
+    elif len(sys.argv) > 5:                      # "kill": W in one-tile chunks, S in shards of 2 x 2 tiles
+        update_and_die(jask.from_zarr(os.path.join(root, sys.argv[6] + ".zarr"), mode="r+"))
     out = {}
     with jask.profile() as p:
         out["sum"] = float(jask.sum(X))
@@ -80,9 +83,35 @@ WORKER = textwrap.dedent("""
     with jask.profile() as p:
         ((X - Y) * 3.0 + X).to_zarr(os.path.join(root, "out.zarr"))
     out["ew_read"], out["ew_written"] = p.bytes_read, p.bytes_written
-    with jask.profile() as p:                  # chunks of two tiles: computed whole, written by process 0
-        (X * 2.0).to_zarr(os.path.join(root, "big_chunks.zarr"), chunks=(2 * TILE, 2 * TILE))
-    out["big_chunks_written"] = p.bytes_written
+    # outputs in files of several tiles: each process writes whole chunk or shard files (the shard files
+    # each writes are recorded); a single shard is written whole by process 0
+    from jask.io.writer import ShardWriter
+    label, shards_written, append = [None], {}, ShardWriter._append_bytes
+    def recording(self, shard, data):
+        shards_written.setdefault(label[0], set()).add(tuple(int(c) for c in shard))
+        return append(self, shard, data)
+    ShardWriter._append_bytes = recording
+    S = jask.from_zarr(os.path.join(root, "S.zarr"), mode="r+")   # shards of 2 x 2 tiles, edge ones 2 x 1
+    for name, write in (("big_chunks", lambda: (X * 2.0).to_zarr(os.path.join(root, "big_chunks.zarr"),
+                                                                 chunks=(2 * TILE, 2 * TILE))),
+                        ("sharded", lambda: jask.to_zarr(X * 2.0 + 1.0, os.path.join(root, "sharded.zarr"),
+                                                         shards=(3 * TILE, 2 * TILE))),
+                        ("S", lambda: S.update_(S * 2.0 + 1.0)),
+                        ("zeros", lambda: jask.to_zarr(X - X, os.path.join(root, "zeros.zarr"), shards=(
+                            2 * TILE, 2 * TILE), compressors=[zarr.codecs.ZstdCodec()])),   # shards of zeros
+                        ("one_shard", lambda: jask.to_zarr(S * 3.0, os.path.join(root, "one_shard.zarr"),
+                                                           shards=SHAPES["S"]))):
+        label[0] = name
+        budget = jask.config.config.memory_budget   # one shard too big to gather (over 1/8 of the budget):
+        if name == "one_shard":                     # computed whole everywhere
+            jask.set_memory_budget(8000)
+        with jask.profile() as p:
+            write()
+        jask.set_memory_budget(budget)
+        out[name] = [p.bytes_read, p.bytes_written, p.tiles]
+    ShardWriter._append_bytes = append
+    out["S_after"] = np.asarray(S).tolist()
+    out["shards_written"] = {k: sorted(v) for k, v in shards_written.items()}
     W = jask.from_zarr(os.path.join(root, "W.zarr"), mode="r+")
     with jask.profile() as p:
         W.update_(W * 2.0 + 1.0)
@@ -137,7 +166,7 @@ WORKER = textwrap.dedent("""
     except Exception as e:
         out["long_path"] = type(e).__name__
     print("RESULT" + json.dumps(out), flush=True)
-""").replace("TILE", str(TILE))
+""").replace("TILE", str(TILE)).replace("SHAPES", repr(SHAPES))
 
 
 def _free_port() -> int:
@@ -151,7 +180,8 @@ def run_processes(tmp_path, n, *extra, devices=1):
     data = {}
     for name, shape in SHAPES.items():
         data[name] = rng.standard_normal(shape).astype(np.float32)
-        z = zarr.create_array(str(tmp_path / f"{name}.zarr"), shape=shape, chunks=(TILE, TILE), dtype="float32")
+        z = zarr.create_array(str(tmp_path / f"{name}.zarr"), shape=shape, chunks=(TILE, TILE), dtype="float32",
+                              shards=(2 * TILE, 2 * TILE) if name == "S" else None)
         z[:] = data[name]
     script = tmp_path / "worker.py"
     script.write_text(WORKER)
@@ -199,8 +229,7 @@ def check(data, outs, n, tmp_path, devices=1):
         got = [o[key] for o in outs]
         assert sum(got) == whole, (key, got, whole)
         assert all(abs(g - whole / n) <= 2 * tile for g in got), (key, got, whole)   # two arrays: a tile each
-    assert [o["big_chunks_written"] for o in outs] == [X.nbytes] + [0] * (n - 1)
-    np.testing.assert_array_equal(zarr.open_array(str(tmp_path / "big_chunks.zarr"), mode="r")[:], X * 2)
+    check_files(data, outs, n, tmp_path)
     # the shared output store holds every process's tiles: one process's result bit for bit
     jask.config.update("tile", TILE)
     jask.config.update("backend", "xla")
@@ -238,6 +267,43 @@ def check(data, outs, n, tmp_path, devices=1):
     assert not left, f"staging folders left behind: {left}"
 
 
+def check_files(data, outs, n, tmp_path):
+    """Outputs in files of several tiles: each file written whole by one process, the pass cut on file
+    boundaries (so each process reads, computes and writes whole files), the results numpy's."""
+    X, S = data["X"], data["S"]
+    tile = TILE * TILE * 4
+    # (tiles along each axis, tiles per file along each axis) of each output
+    layouts = {"big_chunks": ((8, 6), (2, 2)), "sharded": ((8, 6), (3, 2)), "S": ((4, 3), (2, 2)),
+               "zeros": ((8, 6), (2, 2))}
+    for name, (grid, per_file) in layouts.items():
+        got = [o[name] for o in outs]              # [bytes read, bytes written, tiles] per process
+        assert sum(g[2] for g in got) == grid[0] * grid[1], (name, got)
+        assert all(g[0] == g[1] == g[2] * tile for g in got), (name, got)   # its own tiles only
+        if name in ("sharded", "S"):              # shard files written, per process: disjoint, all of them
+            files = [{tuple(f) for f in o["shards_written"].get(name, [])} for o in outs]
+            assert set().union(*files) == set(np.ndindex(*[-(-g // f) for g, f in zip(grid, per_file)])), files
+            assert sum(map(len, files)) == len(set().union(*files)), (name, files)
+            sizes = [sum(np.prod([min(f, g - c * f) for c, g, f in zip(k, grid, per_file)]) for k in fs)
+                     for fs in files]
+            assert [g[2] for g in got] == sizes, (name, got, sizes)
+        # 12 chunks (or shards) of 4 tiles; 9 shards of 6, 6, 6, 6, 6, 6, 4, 4, 4 tiles (cut after the 4th: an even
+        # split of the tiles in C order would cut the 2nd row of shards); 4 shards of 4, 2, 4, 2 tiles
+        if n == 2:
+            assert [g[2] for g in got] == [grid[0] * grid[1] // 2] * 2, (name, got)
+    # a single shard is one piece, too big to gather: the pass runs whole everywhere, process 0 alone writes
+    assert [o["one_shard"] for o in outs] == [[S.nbytes, S.nbytes, 12]] + [[S.nbytes, 0, 12]] * (n - 1), outs
+    assert [o["shards_written"].get("one_shard", []) for o in outs] == [[[0, 0]]] + [[]] * (n - 1), outs
+    one = np.float32(1)
+    # every file is there (compressed, all zeros: a dense reader takes a missing one for damage)
+    assert sum(len(fs) for _, _, fs in os.walk(tmp_path / "zeros.zarr" / "c")) == 12
+    np.testing.assert_array_equal(np.asarray(jask.from_zarr(str(tmp_path / "zeros.zarr"))), X * 0)
+    for name, want in (("big_chunks", X * 2), ("sharded", X * 2 + one), ("S", S * 2 + one),
+                       ("one_shard", (S * 2 + one) * np.float32(3))):
+        np.testing.assert_array_equal(zarr.open_array(str(tmp_path / f"{name}.zarr"), mode="r")[:], want)
+    for o in outs:
+        np.testing.assert_array_equal(np.array(o["S_after"], np.float32), S * 2 + one)
+
+
 def test_two_processes_share_every_pass(tmp_path):
     data, outs = run_processes(tmp_path, 2)
     check(data, outs, 2, tmp_path)
@@ -255,12 +321,13 @@ def test_two_processes_of_two_devices_each_share_every_pass(tmp_path):
     check(data, outs, 2, tmp_path, devices=2)
 
 
-def test_a_process_killed_mid_pass_leaves_the_old_store_and_a_named_error(tmp_path):
-    data, outs = run_processes(tmp_path, 2, "kill")
+@pytest.mark.parametrize("name", ["W", "S"])   # one-tile chunks; shards of 2 x 2 tiles
+def test_a_process_killed_mid_pass_leaves_the_old_store_and_a_named_error(tmp_path, name):
+    data, outs = run_processes(tmp_path, 2, "kill", name)
     (rc0, out0, err0), (rc1, _, _) = outs
     assert rc1 == 9, "process 1 was to die at its first tile write"
-    assert "ERROR ProcessLostError" in out0 and "W.zarr" in out0 and "old version" in out0, out0 + err0[-2000:]
-    np.testing.assert_array_equal(zarr.open_array(str(tmp_path / "W.zarr"), mode="r")[:], data["W"])
+    assert "ERROR ProcessLostError" in out0 and f"{name}.zarr" in out0 and "old version" in out0, out0 + err0[-2000:]
+    np.testing.assert_array_equal(zarr.open_array(str(tmp_path / f"{name}.zarr"), mode="r")[:], data[name])
     left = [f for f in os.listdir(tmp_path) if ".jask-" in f]
     assert not left, f"staging folders left behind: {left}"
 
@@ -283,9 +350,11 @@ def test_two_processes_share_store_url_outputs_and_a_lost_one_leaves_the_old_ver
         # each process read and wrote exactly its half of the tiles: 48 of X, 12 of W
         assert [r["to_zarr"] for r in results] == [[X.nbytes // 2, X.nbytes // 2, 24]] * 2, results
         assert [r["update"] for r in results] == [[W.nbytes // 2, W.nbytes // 2, 6]] * 2, results
+        assert [r["sharded"] for r in results] == [[X.nbytes // 2, X.nbytes // 2, 24]] * 2, results
         opts = server.storage_options()
-        got = np.asarray(jask.from_zarr("s3://jask-mh/run/out.zarr", storage_options=opts))
-        np.testing.assert_array_equal(got, X * np.float32(2) + np.float32(1))
+        for name in ("out", "sharded"):
+            got = np.asarray(jask.from_zarr(f"s3://jask-mh/run/{name}.zarr", storage_options=opts))
+            np.testing.assert_array_equal(got, X * np.float32(2) + np.float32(1))
         want_w = W * np.float32(2) + np.float32(1)
         np.testing.assert_array_equal(np.asarray(jask.from_zarr("s3://jask-mh/run/W.zarr", storage_options=opts)),
                                       want_w)

@@ -153,11 +153,11 @@ def _run(p: Plan, roots, make_sinks, devices=None):
             continue
         sinks = [make_sinks(n, p.tile) if (id(n) in root_ids and make_sinks is not None)
                  else ScratchSink(n, p.tile) for n in group]
-        share, exchange = (0, 1), None
+        share, exchange, tiles = (0, 1), None, None
         try:
             if many:
-                sinks, share, exchange = multihost.wrap_sinks(p, group, sinks, p.tile)
-            ex.compute(group, sinks, share, exchange)
+                sinks, share, exchange, tiles = multihost.wrap_sinks(p, group, sinks, p.tile)
+            ex.compute(group, sinks, share, exchange, tiles)
         except BaseException:
             for sink in sinks:
                 sink.abort()

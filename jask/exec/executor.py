@@ -84,22 +84,24 @@ class Executor:
         ((_, _, tile),) = self.run_windows([node], [tuple(idx)])
         return tile
 
-    def compute(self, nodes: list[OpNode], sinks, processes=(0, 1), exchange=None) -> None:
+    def compute(self, nodes: list[OpNode], sinks, processes=(0, 1), exchange=None, tiles=None) -> None:
         """Compute a lockstep group (usually one node), window by window, writing each finished tile.
 
         ``processes=(i, n)``: compute only process i's share of n (a multi-host run);
-        ``exchange(tiles)`` turns that share's tiles into the ones to write.
+        ``exchange(tiles)`` turns that share's tiles into the ones to write. ``tiles``: compute
+        only these output tiles (a process's whole chunk or shard files, :mod:`jask.exec.block_shares`).
         """
         op = self.plan.prepared[id(nodes[0])].op
         if isinstance(op, CustomOp):
-            if tuple(processes) != (0, 1) or exchange is not None:
+            if tuple(processes) != (0, 1) or exchange is not None or tiles is not None:
                 raise ValueError(f"{self.plan.prepared[id(nodes[0])].name} is a custom op: it runs whole in "
                                  f"every process, it cannot compute a share {tuple(processes)}")
             algo = OOCAlgorithm(self, nodes[0], sinks[0])
             op.forward(algo, *nodes[0].inputs)
             algo.check_complete()
             return
-        indices = list(itertools.product(*map(range, grid(nodes[0].shape, self.tile))))
+        indices = [tuple(i) for i in tiles] if tiles is not None else \
+            list(itertools.product(*map(range, grid(nodes[0].shape, self.tile))))
         if all(getattr(s, "done", None) is not None for s in sinks):   # resuming: skip tiles on disk
             indices = [i for i in indices
                        if not all(s.done(region(i, n.shape, self.tile)) for n, s in zip(nodes, sinks))]

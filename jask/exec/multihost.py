@@ -15,6 +15,11 @@ outputs can be shared is cut into one contiguous share per process
   every process writes its tiles into it through zarr's store, and process 0's
   one pointer PUT commits it; a lost process leaves the pointer, and so the
   old version (process 0 deletes the new prefix).
+* An output in files of several tiles (chunks of many tiles, or shards): the
+  same, but the pass is cut on file boundaries (:mod:`jask.exec.block_shares`),
+  so each chunk or shard file is written whole by one process; a layout of a
+  single file (one shard) leaves nothing to share: process 0 alone writes it
+  (gathered when small, below, else computed whole everywhere).
 * A scratch stage (an intermediate the next pass reads): the same, in a store
   in process 0's scratch folder that every process pins and reads (one host).
 * A small output that cannot be written so (in memory, or tiles a share
@@ -23,9 +28,9 @@ outputs can be shared is cut into one contiguous share per process
   accumulator dtype, cast once), and each writes it to its own sink (a user
   path: process 0 alone).
 
-Other passes (in-memory results of large arrays, custom ops and their gradients,
-sharded outputs, chunks spanning tiles, scratch stages on store URLs) run whole in every
-process, as in a single-process run; of those, only process 0 writes a user path. See DESIGN.md.
+Other passes (in-memory results of large arrays, custom ops and their gradients, large
+outputs of a single file, scratch stages on store URLs) run whole in every process, as in a
+single-process run; of those, only process 0 writes a user path. See DESIGN.md.
 """
 from __future__ import annotations
 
@@ -38,7 +43,8 @@ import numpy as np
 from jask.config import config
 from jask.exec.events import count
 from jask.exec.partials import fold_in_order
-from jask.exec.schedule import cuts_a_tile
+from jask.exec.block_shares import process_tiles
+from jask.exec.schedule import cuts_a_tile, tile_units
 from jask.graph.nodes import OpNode, StoredNode
 from jask.graph.op import CustomOp
 from jask.graph.tiling import block_at, block_shape, grid, region
@@ -99,35 +105,41 @@ def fold_scalar(value, combine, dtype):
 
 
 def wrap_sinks(plan, group, sinks, tile):
-    """``(sinks, share, exchange)`` for a group in a multi-process run.
+    """``(sinks, share, exchange, tiles)`` for a group in a multi-process run.
 
     ``share`` is this process's share of the pass, or ``(0, 1)`` when every
     process computes the whole group; ``exchange``, when not None, turns the
     tiles of this process's share into every tile of the group (small outputs
     that cannot be shared so, such as an in-memory result or tiles a process
-    boundary cuts: gathered and folded alike everywhere).
+    boundary cuts: gathered and folded alike everywhere). ``tiles``, when not
+    None, lists the only output tiles this process computes: whole chunk or
+    shard files of every output (:mod:`jask.exec.block_shares`).
     """
     from jask.exec.sinks import PathSink, ScratchSink
     index, count = processes()
     if isinstance(plan.prepared[id(group[0])].op, CustomOp):
-        return [unshared(s) for s in sinks], (0, 1), None     # no index map to share by: run whole
+        return [unshared(s) for s in sinks], (0, 1), None, None     # no index map to share by: run whole
     indices = list(itertools.product(*map(range, grid(group[0].shape, tile))))
-    cut = cuts_a_tile(plan, group, indices, count)
-    whole_tiles = all(_one_tile_chunks(s, n, tile) for n, s in zip(group, sinks))
+    units = tile_units(plan, group, indices)
     scratch_ok = one_host() and all(getattr(s, "adopt", True) and isinstance(s.pending, PendingStore)
                                     for s in sinks if type(s) is ScratchSink)   # not scratch URLs
-    if not cut and whole_tiles and all(type(s) is PathSink or (type(s) is ScratchSink and scratch_ok)
-                                       for s in sinks):
-        wrapped = [SharedPathSink(s, _next_key()) if isinstance(s, PathSink) else shared_scratch(s, tile)
-                   for s in sinks]
-        return wrapped, (index, count), None
+    blocks = [_file_block(s) if type(s) is PathSink else
+              block_shape(n.shape, tile) if type(s) is ScratchSink and scratch_ok and _one_tile_chunks(s, n, tile)
+              else None for n, s in zip(group, sinks)]
+    if all(b is not None for b in blocks):
+        whole_tiles = all(_one_tile_chunks(s, n, tile) for n, s in zip(group, sinks))
+        mine = None if whole_tiles else process_tiles(group[0].shape, tile, blocks, units, index, count)
+        if (whole_tiles and not cuts_a_tile(units, count)) or mine is not None:
+            wrapped = [SharedPathSink(s, _next_key()) if isinstance(s, PathSink) else shared_scratch(s, tile)
+                       for s in sinks]
+            return wrapped, ((index, count) if mine is None else (0, 1)), None, mine
     wrapped = [unshared(s) for s in sinks]
     # gather_tiles holds the output and every process's copy of it (process_allgather)
     size = sum(int(np.prod(n.shape)) * widen_dtype(n.dtype).itemsize for n in group)
     small = count * size <= config.memory_budget // 8
     if small and len(group) == 1:
-        return wrapped, (index, count), lambda tiles: gather_tiles(plan, group[0], tile, tiles)
-    return wrapped, (0, 1), None
+        return wrapped, (index, count), lambda tiles: gather_tiles(plan, group[0], tile, tiles), None
+    return wrapped, (0, 1), None, None
 
 
 def unshared(sink):
@@ -159,13 +171,21 @@ def _next_key() -> str:
     return str(next(_sink_numbers))
 
 
-def _one_tile_chunks(sink, node, tile) -> bool:
-    """Whether ``sink`` writes a local folder or a store URL's new version in chunks of one tile
-    each (each written by one process; a shard, a chunk of several tiles or a ``memory://`` URL,
-    which each process holds in its own memory, is not shared)."""
+def _file_block(sink):
+    """The shape of one file (a shard, else a chunk) of the store ``sink`` writes, when the processes
+    can write it together: a local folder or a store URL's new version; None otherwise (a
+    ``memory://`` URL, which each process holds in its own memory)."""
     pending = getattr(sink, "pending", None)
     remote = isinstance(pending, RemotePendingStore) and pending.location.scheme != "memory"
-    return ((isinstance(pending, PendingStore) or remote) and pending.array.shards is None
+    if not (isinstance(pending, PendingStore) or remote):
+        return None
+    return tuple(pending.array.chunks if pending.array.shards is None else pending.array.shards)
+
+
+def _one_tile_chunks(sink, node, tile) -> bool:
+    """Whether ``sink`` writes such a store (:func:`_file_block`) in unsharded chunks of one tile each."""
+    pending = getattr(sink, "pending", None)
+    return (_file_block(sink) is not None and pending.array.shards is None
             and tuple(pending.array.chunks) == block_shape(node.shape, tile))
 
 
@@ -238,7 +258,8 @@ class SharedPathSink:
                                    sink.pending.tmp_path if self.index == 0 else "")
             if self.index != 0:
                 import zarr
-                self.array = zarr.open_array(path, mode="r+")
+                # every chunk is stored, even one of zeros (a dense reader takes a missing one for damage)
+                self.array = zarr.open_array(path, mode="r+").with_config({"write_empty_chunks": True})
                 self.writer = make_chunk_writer(self.array, path)
 
     def write(self, reg, tile):

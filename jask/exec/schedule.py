@@ -341,9 +341,14 @@ def spread(plan, group, indices, limit_bytes: int, batch_bytes: int, n: int, fir
     return [(d, shares[d][r]) for r in range(max(map(len, shares))) for d in range(n) if r < len(shares[d])]
 
 
-def cuts_a_tile(plan, group, indices, parts: int) -> bool:
-    """Whether cutting the pass into ``parts`` shares splits some output tile's entries between two."""
-    units = [hi for _, _, (_, hi) in _shared_tiles(plan, group, indices, (0, 1))]
+def tile_units(plan, group, indices) -> list[int]:
+    """The units of work (see :func:`windows`) of each tile at ``indices``: 1, or a split tile's entries."""
+    return [hi for _, _, (_, hi) in _shared_tiles(plan, group, indices, (0, 1))]
+
+
+def cuts_a_tile(units, parts: int) -> bool:
+    """Whether cutting a pass of tiles of these ``units`` into ``parts`` shares splits some output tile's
+    entries between two."""
     total = sum(units)
     cuts = {total * p // parts for p in range(1, parts)}
     pos = 0
