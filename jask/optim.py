@@ -12,6 +12,10 @@ stored moments instead of recomputing a growing chain.
 
 :func:`on_disk` runs any stock optax transformation instead (optax's own code,
 each jnp primitive on a DiskArray a lazy op; see :mod:`jask.ops.interpret`).
+
+A state that must outlive the process (a job resumed after a kill on the
+trajectory it was on): :func:`checkpoint_state`, ``update_params(...,
+state=, state_path=)`` and :func:`load_state`, in :mod:`jask.optim_state`.
 """
 from __future__ import annotations
 

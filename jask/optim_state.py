@@ -78,6 +78,7 @@ def _describe(state, call: str) -> list[dict]:
             if leaf.dtype.kind not in "fiub" and leaf.dtype != jnp.bfloat16:
                 raise TypeError(f"{call}: state{key} has dtype {leaf.dtype}; only numeric or boolean "
                                 "leaves can be stored")
+            leaf = leaf.astype(jax.dtypes.canonicalize_dtype(leaf.dtype))   # as jnp and from_numpy store it
         size = int(np.prod(leaf.shape, dtype=np.int64))
         out.append(dict(key=key, file=f"leaf-{i}.zarr" if size else None, on_disk=on_disk,
                         shape=[int(d) for d in leaf.shape], dtype=str(jnp.dtype(leaf.dtype))))
@@ -195,6 +196,7 @@ def _like(template_leaf, value: np.ndarray):
         return jnp.asarray(value)
     if isinstance(template_leaf, (bool, int, float, complex)):
         return type(template_leaf)(value.item())
+    value = value.astype(np.asarray(template_leaf).dtype)
     return value[()] if isinstance(template_leaf, np.generic) else value
 
 

@@ -115,6 +115,25 @@ def test_restarted_adam_follows_the_uninterrupted_trajectory(regression, tmp_pat
     assert _hidden(tmp_path / "twice") == [] and _hidden(ckpt) == []
 
 
+def test_a_checkpointed_step_is_one_pass(tmp_path, small_tiles):
+    """update_params with the state: one pass reads W, the gradient's input, m and v (and the 4-byte count)
+    once and writes W, m and v, as the step without a checkpoint writes W and stores m and v."""
+    _start(tmp_path / "run", 12, 8)
+    w = jask.from_zarr(os.path.join(tmp_path / "run", "w.zarr"), mode="r+")
+    t = jask.from_numpy(np.ones((12, 8), np.float32))
+    opt = jask.optim.adam(0.1)
+    ckpt = str(tmp_path / "ckpt")
+    state = jask.optim.checkpoint_state(opt.init(w), ckpt)
+    S = 12 * 8 * 4
+    for _ in range(2):
+        updates, state = opt.update(w - t, state, w)
+        with jask.profile() as p:
+            jask.optim.update_params(w, jask.optim.apply_updates(w, updates), state=state, state_path=ckpt)
+        assert p.plans == 1 and p.bytes_read == 4 * S + 4 and 3 * S <= p.bytes_written <= 3 * S + 4
+        assert p.arrays_written == 4                                  # W, m, v, the count
+    np.testing.assert_array_equal(np.asarray(state.mu), zarr.open_array(os.path.join(ckpt, "leaf-1.zarr"))[...])
+
+
 def test_optax_state_with_schedule_round_trips(regression, tmp_path, small_tiles):
     """on_disk(optax.adamw(schedule)): its counts (two, in memory) and moments are restored exactly."""
     X, Y = regression
@@ -134,6 +153,22 @@ def test_optax_state_with_schedule_round_trips(regression, tmp_path, small_tiles
         assert type(a) is type(b) and a.dtype == b.dtype and a.shape == b.shape
         np.testing.assert_array_equal(np.asarray(b), np.asarray(a))
     assert sorted(int(a) for a in again_leaves if not is_disk_array(a)) == [2, 2]
+
+
+def test_memory_leaves_come_back_as_they_went(tmp_path, small_tiles):
+    """Python numbers, NumPy (64-bit too) and JAX arrays, a zero-size one: restored with their kind and dtype."""
+    d = jask.from_numpy(np.arange(24, dtype=np.float32).reshape(4, 6))
+    state = (3, 0.5, True, np.float64(2.5), np.arange(3, dtype=np.int64), jnp.ones((2, 2)), np.zeros((0, 2)), d)
+    jask.optim.checkpoint_state(state, tmp_path / "ckpt")
+    template = (0, 0.0, False, np.float64(0), np.zeros(3, np.int64), jnp.zeros((2, 2)), np.zeros((0, 2)),
+                jask.from_numpy(np.zeros((4, 6), np.float32)))
+    again = jask.optim.load_state(template, tmp_path / "ckpt")
+    for a, b in zip(state, again):
+        assert type(a) is type(b), (a, b)
+        if not isinstance(a, (int, float)):
+            assert (a.dtype, a.shape) == (b.dtype, b.shape), (a, b)
+        np.testing.assert_array_equal(np.asarray(b), np.asarray(a))
+    assert again[-1]._node.resolved().store.path == str(tmp_path / "ckpt" / "leaf-7.zarr")
 
 
 def _files(folder):
