@@ -33,7 +33,7 @@ from jask.linalg.mul import mul
 from jask.linalg.square import square
 from jask.api.sinks import persist, update_all
 from jask.ops.interpret import on_disk as _on_disk_fn
-from jask.optim_state import checkpoint_state, commit as commit_state, load_state  # noqa: F401 (public here)
+from jask.optim_state import checkpoint_state, commit as _commit_state, load_state  # noqa: F401 (public here)
 
 
 class AdamDirection(BlockParallelOp):
@@ -188,7 +188,7 @@ def update_params(params, new_params, resume: bool = False, state=None, state_pa
         raise ValueError("update_params: pass state= (the step's new optimizer state) and state_path= (its "
                          "checkpoint folder, from jask.optim.checkpoint_state) together")
     if state_path is not None:
-        commit_state(targets, values, state, state_path, resume=resume)
+        _commit_state(targets, values, state, state_path, resume=resume)
         return
     if any(_at_url(p) for p in targets):
         for p, q in zip(targets, values):
