@@ -16,20 +16,9 @@ import zarr
 import jask
 import jask.optim
 from jask.hijax.array import is_disk_array
+from test_optim import _on_host, regression  # noqa: F401 (regression: the fixture)
 from test_reliability import _hidden, _leftovers, zygotes  # noqa: F401 (zygotes: the fixture)
 import reliability_worker as rw
-
-
-@pytest.fixture
-def regression():
-    rng = np.random.default_rng(0)
-    X = rng.standard_normal((45, 11)).astype(np.float32)
-    W = rng.standard_normal((11, 3)).astype(np.float32)
-    return X, X @ W + 0.01 * rng.standard_normal((45, 3)).astype(np.float32)
-
-
-def _on_host():
-    return jax.default_device(jax.devices("cpu")[0])
 
 
 def _optax_adam(X, Y, steps, lr, restart_at=None):
