@@ -36,6 +36,7 @@ from jask.api.sinks import to_zarr, update_all
 from jask.api.sources import from_numpy, from_zarr
 from jask.config import config
 from jask.graph.nodes import StoredNode
+from jask.graph.tiling import block_shape
 from jask.hijax import compat
 from jask.hijax.array import DiskArray, is_disk_array
 from jask.io import durable
@@ -44,6 +45,7 @@ from jask.io.owners import sibling
 from jask.io.pins import remove_tree
 from jask.io.recovery import recover
 from jask.io.urls import parse
+from jask.plan.tiling import default_tile
 
 MANIFEST = "jask-state.json"
 FORMAT = 1
@@ -148,7 +150,8 @@ def checkpoint_state(state, path):
     try:
         for d, (_, leaf) in zip(leaves, _leaves_with_keys(state)[0]):
             if d["file"]:
-                to_zarr(leaf if d["on_disk"] else from_numpy(np.asarray(leaf).reshape(-1)), os.path.join(tmp, d["file"]))
+                x = leaf if d["on_disk"] else from_numpy(np.asarray(leaf).reshape(-1))
+                to_zarr(x, os.path.join(tmp, d["file"]), chunks=_chunks(x))
         with open(os.path.join(tmp, MANIFEST), "w") as f:
             json.dump({"jask_state": FORMAT, "leaves": leaves}, f, indent=1)
         power = config.durability == "power"
@@ -161,6 +164,18 @@ def checkpoint_state(state, path):
         remove_tree(tmp)
         raise
     return _reopen(state, path, leaves, call)
+
+
+STEP_ARRAYS = 8     # arrays an optimizer step's pass holds tiles of: parameters, gradient inputs, moments
+
+
+def _chunks(x) -> tuple[int, ...]:
+    """Chunks the size of an optimizer step's tiles, so each step reads and writes whole chunks.
+
+    (``to_zarr``'s default for a zero state is one chunk per array: a 64 MiB
+    moment's tiles were then read strided, each step 1.15-1.45x slower.)
+    """
+    return block_shape(x.shape, default_tile(x.shape, np.dtype(x.dtype).itemsize, n_inputs=STEP_ARRAYS))
 
 
 def load_state(template, path):
