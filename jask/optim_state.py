@@ -106,7 +106,7 @@ def _check_matches(got: list[dict], want: list[dict], path: str, call: str) -> N
                          f"(first unmatched: state{extra}): another optimizer or parameter tree")
 
 
-def is_checkpoint(path: str) -> bool:
+def _is_checkpoint(path: str) -> bool:
     """Whether the folder ``path`` holds an optimizer state written by :func:`checkpoint_state`."""
     return os.path.isfile(os.path.join(path, MANIFEST))
 
@@ -141,7 +141,7 @@ def checkpoint_state(state, path):
     recover(path)                       # a creation killed earlier leaves a hidden -tmp- folder: gone now
     if os.path.lexists(path):
         what = "holds an optimizer checkpoint; continue from it with jask.optim.load_state(opt.init(params), " \
-               "path), or remove it to start afresh" if is_checkpoint(path) else \
+               "path), or remove it to start afresh" if _is_checkpoint(path) else \
                "exists and is not an optimizer checkpoint; choose another path"
         raise FileExistsError(f"{call}: {path} {what}")
     check_destination(path, overwrite=False, call=call)      # its folder exists or can be made, writable
