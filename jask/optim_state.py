@@ -173,7 +173,7 @@ def _chunks(x) -> tuple[int, ...]:
     """Chunks the size of an optimizer step's tiles, so each step reads and writes whole chunks.
 
     (``to_zarr``'s default for a zero state is one chunk per array: a 64 MiB
-    moment's tiles were then read strided, each step 1.15-1.45x slower.)
+    moment was one chunk, each step's tiles read from it strided.)
     """
     return block_shape(x.shape, default_tile(x.shape, np.dtype(x.dtype).itemsize, n_inputs=STEP_ARRAYS))
 

@@ -121,6 +121,10 @@ def test_a_checkpointed_step_is_one_pass(tmp_path, small_tiles):
         assert p.plans == 1 and p.bytes_read == 4 * S + 4 and 3 * S <= p.bytes_written <= 3 * S + 4
         assert p.arrays_written == 4                                  # W, m, v, the count
     np.testing.assert_array_equal(np.asarray(state.mu), zarr.open_array(os.path.join(ckpt, "leaf-1.zarr"))[...])
+    fresh = opt.init(w)                          # a reset: mu and nu share one zero node, each still gets a copy
+    jask.optim.update_params(w, w * 1.0, state=fresh, state_path=ckpt)
+    again = jask.optim.load_state(opt.init(w), ckpt)
+    assert int(again.count) == 0 and not np.asarray(again.mu).any() and not np.asarray(again.nu).any()
 
 
 def test_optax_state_with_schedule_round_trips(regression, tmp_path, small_tiles):
