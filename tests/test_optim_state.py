@@ -96,9 +96,9 @@ def test_restarted_adam_follows_the_uninterrupted_trajectory(regression, tmp_pat
     twice = [np.asarray(a) for a in (w, state.mu, state.nu)]
 
     for a, b in zip(once, twice):
-        np.testing.assert_allclose(b, a, rtol=1e-6, atol=1e-7)
+        np.testing.assert_array_equal(b, a)                              # restarted == uninterrupted, bit for bit
     for got, want in zip(twice, (w_ref, s_ref[0].mu, s_ref[0].nu)):
-        np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
+        np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)   # jask, optax: 2.2e-6 apart (f32 op order)
     del w, state
     gc.collect()
     assert _hidden(tmp_path / "twice") == [] and _hidden(ckpt) == []
@@ -185,7 +185,7 @@ def test_a_folder_of_another_state_is_refused_before_anything_is_touched(tmp_pat
         jask.optim.load_state(opt.init({"v": v}), ckpt)
     with pytest.raises(ValueError, match=r"the state has 0 leaves, the checkpoint at .*ckpt 3"):
         jask.optim.load_state(jask.optim.sgd(0.1).init({"w": w}), ckpt)
-    with pytest.raises(FileExistsError, match=r"ckpt holds an optimizer checkpoint; continue from it with .*load_state"):
+    with pytest.raises(FileExistsError, match=r"ckpt holds an optimizer checkpoint; continue from it with .*load_st"):
         jask.optim.checkpoint_state(opt.init({"w": w}), ckpt)
     with pytest.raises(FileExistsError, match=r"w\.zarr exists and is not an optimizer checkpoint"):
         jask.optim.checkpoint_state(opt.init({"w": w}), tmp_path / "w.zarr")
