@@ -349,3 +349,4 @@ def test_a_killed_checkpointed_step_resumes(zygotes, tmp_path, monkeypatch):
     gc.collect()
     assert _hidden(d) == [] and _hidden(os.path.join(d, "ckpt")) == []
     jask.cleanup_scratch(str(tmp_path / "scratch"))
+    assert _leftovers(tmp_path) == []
