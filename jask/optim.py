@@ -12,6 +12,10 @@ stored moments instead of recomputing a growing chain.
 
 :func:`on_disk` runs any stock optax transformation instead (optax's own code,
 each jnp primitive on a DiskArray a lazy op; see :mod:`jask.ops.interpret`).
+
+A state that must outlive the process (a job resumed after a kill on the
+trajectory it was on): :func:`checkpoint_state`, ``update_params(...,
+state=, state_path=)`` and :func:`load_state`, in :mod:`jask.optim_state`.
 """
 from __future__ import annotations
 
@@ -29,6 +33,7 @@ from jask.linalg.mul import mul
 from jask.linalg.square import square
 from jask.api.sinks import persist, update_all
 from jask.ops.interpret import on_disk as _on_disk_fn
+from jask.optim_state import checkpoint_state, commit as _commit_state, load_state  # noqa: F401 (public here)
 
 
 class AdamDirection(BlockParallelOp):
@@ -158,7 +163,7 @@ def apply_updates(params, updates):
     return _map(add, params, updates)
 
 
-def update_params(params, new_params, resume: bool = False) -> None:
+def update_params(params, new_params, resume: bool = False, state=None, state_path=None) -> None:
     """Commit new values into the parameter arrays in place, keeping their identity: after a crash, all old or all new.
 
     Parameters in local stores go through :func:`jask.update_all`: every new
@@ -167,11 +172,24 @@ def update_params(params, new_params, resume: bool = False) -> None:
     steps; ``resume=True`` continues a killed step's computation. Where any
     parameter lives at a store URL (no group commit there), each is updated
     alone with ``update_`` (each atomic by itself).
+
+    ``state`` (the step's new optimizer state) with ``state_path`` (a folder
+    made by :func:`checkpoint_state`) commits the state's leaves, moments and
+    count alike, in the same group as the parameters (local stores opened
+    ``mode="r+"``), and leaves ``state``'s DiskArrays reading the committed
+    stores: a job killed at any point restarts (:func:`load_state`) with
+    parameters and state of one step. See :mod:`jask.optim_state`.
     """
     targets = _leaves(params)
     values = _leaves(new_params)
     if len(targets) != len(values):
         raise ValueError(f"update_params: {len(targets)} parameters but {len(values)} new values")
+    if (state is None) != (state_path is None):
+        raise ValueError("update_params: pass state= (the step's new optimizer state) and state_path= (its "
+                         "checkpoint folder, from jask.optim.checkpoint_state) together")
+    if state_path is not None:
+        _commit_state(targets, values, state, state_path, resume=resume)
+        return
     if any(_at_url(p) for p in targets):
         for p, q in zip(targets, values):
             p.update_(q, resume=resume)

@@ -67,7 +67,7 @@ def make_inputs(scenario, folder):
     arrays = {"a.zarr": A, "b.zarr": B}
     if scenario == "resume-update":
         arrays["w.zarr"] = W
-    elif scenario == "resume-group":
+    elif scenario in ("resume-group", "optim-state", "optim-state-resume"):
         arrays.update({"p1.zarr": P1, "p2.zarr": P2})
     elif scenario != "resume":
         arrays.update({name: old for name, (old, _) in expected(scenario).items() if old is not None})
@@ -82,6 +82,24 @@ def group_step(jask, p, a, b, resume):
     """The "optim" step as one update_all (the parent reruns it to resume "resume-group")."""
     p1, p2 = jask.from_zarr(p("p1.zarr"), mode="r+"), jask.from_zarr(p("p2.zarr"), mode="r+")
     jask.update_all({"p1": p1, "p2": p2}, {"p1": p1 - (p1 - a) * 0.5, "p2": p2 - (p2 - b) * 0.5}, resume=resume)
+
+
+STATE_STEPS = 3     # "optim-state" (not in SCENARIOS): Adam steps, parameters and state checkpointed together
+
+
+def adam_state_steps(jask, p, a, b, resume=False):
+    """Adam on p1, p2 (gradients p1 - a, p2 - b) with its state checkpointed in ``ckpt``, continued from
+    there when it exists, until the state's count is :data:`STATE_STEPS` (each step resumable with ``resume``)."""
+    import jask.optim
+    params = {"p1": jask.from_zarr(p("p1.zarr"), mode="r+"), "p2": jask.from_zarr(p("p2.zarr"), mode="r+")}
+    opt = jask.optim.adam(0.1)
+    ckpt = p("ckpt")
+    state = jask.optim.load_state(opt.init(params), ckpt) if os.path.exists(ckpt) else \
+        jask.optim.checkpoint_state(opt.init(params), ckpt)
+    while int(state.count) < STATE_STEPS:
+        updates, state = opt.update({"p1": params["p1"] - a, "p2": params["p2"] - b}, state, params)
+        jask.optim.update_params(params, jask.optim.apply_updates(params, updates), state=state, state_path=ckpt,
+                                 resume=resume)
 
 
 def run_scenario(scenario, folder):
@@ -117,6 +135,8 @@ def run_scenario(scenario, folder):
     elif scenario == "resume-group":
         jask.config.update("tile", RESUME_TILE)
         group_step(jask, p, a, b, resume=True)
+    elif scenario in ("optim-state", "optim-state-resume"):
+        adam_state_steps(jask, p, a, b, resume=scenario == "optim-state-resume")
     elif scenario == "resume-update":
         jask.config.update("tile", RESUME_TILE)
         w = jask.from_zarr(p("w.zarr"), mode="r+")

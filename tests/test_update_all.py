@@ -53,3 +53,37 @@ def test_bad_inputs_touch_nothing(params, tmp_path):
     for k, v in values.items():
         np.testing.assert_array_equal(zarr.open_array(paths[k], mode="r")[...], v)
     assert [n for n in os.listdir(tmp_path) if ".jask-" in n] == []
+
+
+def _killed_while_writing_logs(paths, values, tmp_path, cut_short):
+    """What a group commit killed while writing its logs leaves: every new folder complete and marked,
+    the first target's log written, the second's missing (or, ``cut_short``, half written)."""
+    import json
+    import subprocess
+    import sys
+    from jask.io import groups
+    proc = subprocess.Popen([sys.executable, "-c", "pass"])
+    proc.wait()
+    token = f"{proc.pid}-abcdef"                                 # a process that has ended
+    for k in ("w", "b"):
+        tmp = tmp_path / f".{k}.zarr.jask-tmp-{token}"
+        _store(tmp, values[k] + 1)
+        (tmp / groups.MARK).write_text(token)
+    text = json.dumps({"token": token, "targets": [paths["w"], paths["b"]]})
+    (tmp_path / f".w.zarr.jask-group-{token}").write_text(text)
+    if cut_short:
+        (tmp_path / f".b.zarr.jask-group-{token}").write_text(text[:len(text) // 2])
+
+
+@pytest.mark.parametrize("cut_short", [False, True])
+@pytest.mark.parametrize("first", ["b", "w"])
+def test_a_group_killed_while_writing_its_logs_stays_old(params, tmp_path, first, cut_short):
+    """Killed before its last log: the group never reached its commit point, so whichever target is opened
+    first, every target keeps its old value and the logs and new folders go (never one new, one old)."""
+    paths, values = params
+    _killed_while_writing_logs(paths, values, tmp_path, cut_short)
+    opened = {k: jask.from_zarr(paths[k]) for k in (first, "w" if first == "b" else "b")}
+    for k, v in values.items():
+        np.testing.assert_array_equal(np.asarray(opened[k]), v)
+        np.testing.assert_array_equal(jask.from_zarr(paths[k]).__array__(), v)
+    assert [n for n in os.listdir(tmp_path) if ".jask-" in n] == []

@@ -8,8 +8,13 @@ then are the folders swapped in, one by one; the marks and logs go last.
 Should the process die in between, :func:`roll_forward` (run by every
 ``recover`` of any of the paths, so by ``from_zarr``, writes and scratch sweeps)
 finds the log of the ended process and swaps in each new folder still waiting,
-found by its mark. Before the logs exist, the new folders are ordinary
-leftovers, swept as such, and every target keeps its old value.
+found by its mark. The commit point is the last log written: a group one of
+whose logs is missing or cut short was killed while writing them (no swap
+yet), so its logs are removed instead (otherwise a target without a log,
+opened first, would have its new folder swept as a leftover, and a target
+with one, opened later, be rolled forward: a mix). Before that point the
+new folders are ordinary leftovers, swept as such, and every target keeps
+its old value.
 """
 from __future__ import annotations
 
@@ -98,8 +103,11 @@ def roll_forward(path: str) -> list[str]:
             continue
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)     # one recoverer at a time
-            with open(log) as f:
-                entry = json.load(f)
+            entry = _read_log(log)
+            if entry is None or not all(_read_log(_log_name(f, entry["token"])) == entry for f in entry["targets"]):
+                _roll_back(log, entry)
+                handled.append(log)
+                continue
             token, finals = entry["token"], entry["targets"]
             for final in finals:
                 _swap_in(final, token)
@@ -116,6 +124,35 @@ def roll_forward(path: str) -> list[str]:
         finally:
             os.close(fd)
     return handled
+
+
+def _read_log(log: str) -> dict | None:
+    """A group log's entry, or None when it is missing or was cut short (killed while writing it)."""
+    try:
+        with open(log) as f:
+            entry = json.load(f)
+        return entry if isinstance(entry.get("token"), str) and isinstance(entry.get("targets"), list) else None
+    except (OSError, ValueError, AttributeError):
+        return None
+
+
+def _roll_back(log: str, entry: dict | None) -> None:
+    """Drop a group that never reached its commit point (some target's log missing or cut short).
+
+    No swap happens before every log is written, so every target is old: the
+    logs go, and the new folders are left to the sweep as the leftovers they are.
+    (The logs also go one by one after a finished commit, all swaps done: then
+    dropping the rest changes nothing either.)
+    """
+    for f in (entry or {}).get("targets", ()):
+        try:
+            os.unlink(_log_name(f, entry["token"]))
+        except (FileNotFoundError, TypeError):
+            pass
+    try:
+        os.unlink(log)
+    except FileNotFoundError:
+        pass
 
 
 def _swap_in(final: str, token: str) -> None:
