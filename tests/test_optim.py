@@ -42,6 +42,17 @@ def _reference_adam_steps(X, Y, steps, lr):
     return np.asarray(w), losses
 
 
+def jitted_step(opt, x, y, traces):
+    """The README's jitted step for the least-squares loss of ``x @ w`` against ``y`` (``traces`` counts traces)."""
+    @jax.jit
+    def step(w, state):
+        traces.append(1)
+        loss, g = jax.value_and_grad(lambda w: jask.sum(jask.square(x @ w - y)))(w)
+        updates, state = opt.update(g, state, w)
+        return jask.optim.apply_updates(w, updates), state, loss
+    return step
+
+
 def test_adam_loop_matches_optax_and_traces_once(regression):
     jask.config.update("tile", 8)
     X, Y = regression
@@ -51,14 +62,7 @@ def test_adam_loop_matches_optax_and_traces_once(regression):
     assert isinstance(opt, optax.GradientTransformation)
     state = opt.init(w)
     traces = []
-
-    @jax.jit
-    def step(w, state):
-        traces.append(1)
-        loss, g = jax.value_and_grad(lambda w: jask.sum(jask.square(x @ w - y)))(w)
-        updates, state = opt.update(g, state, w)
-        return jask.optim.apply_updates(w, updates), state, loss
-
+    step = jitted_step(opt, x, y, traces)
     identity = w
     losses = []
     for _ in range(12):

@@ -16,7 +16,7 @@ import zarr
 import jask
 import jask.optim
 from jask.hijax.array import is_disk_array
-from test_optim import _on_host, regression  # noqa: F401 (regression: the fixture)
+from test_optim import _on_host, jitted_step, regression  # noqa: F401 (regression: the fixture)
 from test_reliability import _hidden, _leftovers, zygotes  # noqa: F401 (zygotes: the fixture)
 import reliability_worker as rw
 
@@ -37,16 +37,6 @@ def _optax_adam(X, Y, steps, lr, restart_at=None):
         return np.asarray(w), state
 
 
-def _jitted_step(opt, x, y, traces):
-    @jax.jit
-    def step(w, state):
-        traces.append(1)
-        loss, g = jax.value_and_grad(lambda w: jask.sum(jask.square(x @ w - y)))(w)
-        updates, state = opt.update(g, state, w)
-        return jask.optim.apply_updates(w, updates), state, loss
-    return step
-
-
 def _train(folder, X, Y, steps, traces, lr=0.1):
     """The README's jitted loop with the state checkpointed in ``folder/ckpt``, continued from there if it exists."""
     x, y = jask.from_numpy(X), jask.from_numpy(Y)
@@ -55,7 +45,7 @@ def _train(folder, X, Y, steps, traces, lr=0.1):
     ckpt = os.path.join(folder, "ckpt")
     state = jask.optim.load_state(opt.init(w), ckpt) if os.path.exists(ckpt) else \
         jask.optim.checkpoint_state(opt.init(w), ckpt)
-    step = _jitted_step(opt, x, y, traces)
+    step = jitted_step(opt, x, y, traces)
     identity = w
     while int(state.count) < steps:
         new_w, state, _ = step(w, state)
