@@ -116,6 +116,10 @@ WORKER = textwrap.dedent("""
     with jask.profile() as p:
         W.update_(W * 2.0 + 1.0)
     out["update_read"], out["update_written"] = p.bytes_read, p.bytes_written
+    A = jask.from_numpy(np.arange(12 * 16, dtype=np.float32).reshape(12, 16) / 100)
+    with jask.profile() as p:                   # 3 x 3 output tiles of 4 entries each: an even split cuts one
+        (A @ W).to_zarr(os.path.join(root, "cut.zarr"))
+    out["cut_written"] = p.bytes_written
     out["W_after"] = np.asarray(W).tolist()
     w = jask.from_numpy(np.ones((24, 8), np.float32) / 10)
     with jask.profile() as p:
@@ -230,6 +234,13 @@ def check(data, outs, n, tmp_path, devices=1):
         assert sum(got) == whole, (key, got, whole)
         assert all(abs(g - whole / n) <= 2 * tile for g in got), (key, got, whole)   # two arrays: a tile each
     check_files(data, outs, n, tmp_path)
+    # an output whose tiles an even split would cut between processes: shared by whole tiles
+    W_new = W * np.float32(2) + np.float32(1)                # (after the update_ above it)
+    got = [o["cut_written"] for o in outs]
+    assert sum(got) == 9 * tile and all(0 < g <= (9 // n + 1) * tile and g % tile == 0 for g in got), got
+    A = np.arange(12 * 16, dtype=np.float32).reshape(12, 16) / 100
+    np.testing.assert_allclose(zarr.open_array(str(tmp_path / "cut.zarr"), mode="r")[:], A @ W_new,
+                               rtol=1e-5, atol=1e-4)
     # the shared output store holds every process's tiles: one process's result bit for bit
     jask.config.update("tile", TILE)
     jask.config.update("backend", "xla")

@@ -11,6 +11,8 @@ outputs can be shared is cut into one contiguous share per process
   chunks: process 0 creates the hidden staging folder, every process writes
   its own tiles into it, and after a barrier process 0 commits it (the usual
   atomic rename); a second barrier lets the others open the committed array.
+  Where an even split would cut an output tile (a contraction's tile of
+  several entries), the pass is dealt by whole tiles instead, as below.
   An output to a store URL alike: process 0 creates the new version prefix,
   every process writes its tiles into it through zarr's store, and process 0's
   one pointer PUT commits it; a lost process leaves the pointer, and so the
@@ -22,8 +24,8 @@ outputs can be shared is cut into one contiguous share per process
   (gathered when small, below, else computed whole everywhere).
 * A scratch stage (an intermediate the next pass reads): the same, in a store
   in process 0's scratch folder that every process pins and reads (one host).
-* A small output that cannot be written so (in memory, or tiles a share
-  boundary cuts; a gradient of weights): each process computes its share, the
+* A small output that cannot be written so (in memory, or a single tile a
+  share boundary cuts; a gradient of weights): each process computes its share, the
   whole output is gathered and folded alike in every process (in the
   accumulator dtype, cast once), and each writes it to its own sink (a user
   path: process 0 alone).
@@ -127,9 +129,10 @@ def wrap_sinks(plan, group, sinks, tile):
               block_shape(n.shape, tile) if type(s) is ScratchSink and scratch_ok and _one_tile_chunks(s, n, tile)
               else None for n, s in zip(group, sinks)]
     if all(b is not None for b in blocks):
-        whole_tiles = all(_one_tile_chunks(s, n, tile) for n, s in zip(group, sinks))
-        mine = None if whole_tiles else process_tiles(group[0].shape, tile, blocks, units, index, count)
-        if (whole_tiles and not cuts_a_tile(units, count)) or mine is not None:
+        even = all(_one_tile_chunks(s, n, tile) for n, s in zip(group, sinks)) and not cuts_a_tile(units, count)
+        # otherwise whole files (a tile, when an even split would cut one between two processes)
+        mine = None if even else process_tiles(group[0].shape, tile, blocks, units, index, count)
+        if even or mine is not None:
             wrapped = [SharedPathSink(s, _next_key()) if isinstance(s, PathSink) else shared_scratch(s, tile)
                        for s in sinks]
             return wrapped, ((index, count) if mine is None else (0, 1)), None, mine
