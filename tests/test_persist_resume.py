@@ -6,8 +6,6 @@ The SIGKILL tests (a persist killed after k tiles, at its commit, after it) are 
 import gc
 import os
 import shutil
-import subprocess
-import sys
 import time
 
 import jax
@@ -18,12 +16,7 @@ import zarr
 import jask
 from jask.config import config
 from jask.io import resumable_scratch, scratch
-
-
-def _dead_pid():
-    proc = subprocess.Popen([sys.executable, "-c", "pass"])
-    proc.wait()
-    return proc.pid
+from test_storage import _dead_pid
 
 
 @pytest.fixture

@@ -242,7 +242,7 @@ def new_path(tag: str = "array") -> str:
 def resumable_path(key: str, what: str = "persist") -> str:
     """Where a resumable scratch store named ``key`` goes (:mod:`jask.io.resumable_scratch`); local only."""
     folder = process_dir()
-    if "://" in folder:
+    if urls.is_url(folder):
         raise ValueError(f"{what}: resume=True needs a local scratch dir, not the store URL "
                          f"{os.path.dirname(folder)}; set JASK_SCRATCH_DIR to a folder on a disk")
     return resumable_scratch.path_for(os.path.dirname(folder), key)
