@@ -32,6 +32,7 @@ from jask.linalg.add import add
 from jask.linalg.mul import mul
 from jask.linalg.square import square
 from jask.api.sinks import persist, update_all
+from jask.io.remote import RemoteStore
 from jask.ops.interpret import on_disk as _on_disk_fn
 from jask.optim_state import checkpoint_state, commit as _commit_state, load_state  # noqa: F401 (public here)
 
@@ -198,5 +199,5 @@ def update_params(params, new_params, resume: bool = False, state=None, state_pa
 
 
 def _at_url(p: DiskArray) -> bool:
-    """Whether ``p`` is stored at a store URL (remote stores carry ``storage_options``)."""
-    return hasattr(getattr(p._node.resolved(), "store", None), "storage_options")
+    """Whether ``p`` is stored at a store URL."""
+    return isinstance(getattr(p._node.resolved(), "store", None), RemoteStore)

@@ -44,6 +44,7 @@ from jask.io.destinations import check_destination
 from jask.io.owners import sibling
 from jask.io.pins import remove_tree
 from jask.io.recovery import recover
+from jask.io.remote import RemoteStore
 from jask.io.urls import parse
 from jask.plan.tiling import default_tile
 
@@ -232,7 +233,7 @@ def _reopen(template, path: str, leaves: list[dict], call: str):
 
 def _user_store(p) -> bool:
     node = p._node.resolved() if isinstance(p, DiskArray) and p._node is not None else None
-    return isinstance(node, StoredNode) and not node.store.owned and not hasattr(node.store, "storage_options")
+    return isinstance(node, StoredNode) and not node.store.owned and not isinstance(node.store, RemoteStore)
 
 
 def commit(targets: list, values: list, state, path, resume: bool = False) -> None:

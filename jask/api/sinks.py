@@ -18,7 +18,7 @@ from jask.hijax.array import DiskArray, is_disk_array, type_of
 from jask.hijax.sinks import MaterializePrimitive, PersistPrimitive
 from jask.io.destinations import check_destination
 from jask.io.groups import commit_group
-from jask.io.remote import exists, resolve
+from jask.io.remote import RemoteStore, exists, resolve
 from jask.io.urls import Location
 
 
@@ -209,7 +209,7 @@ def update_all(targets, new_values, resume: bool = False) -> None:
         (group if isinstance(old, StoredNode) and not old.store.owned else rest).append((t, v))
     stores = [t._node.resolved().store for t, _ in group]
     for st in stores:
-        if hasattr(st, "storage_options") or not st.writable:
+        if isinstance(st, RemoteStore) or not st.writable:
             raise ValueError(f"update_all: the store at {st.path} must be a local folder opened with "
                              "jask.from_zarr(path, mode='r+')")
     paths = [st.path for st in stores]
@@ -217,15 +217,17 @@ def update_all(targets, new_values, resume: bool = False) -> None:
         raise ValueError("update_all: the same array is a target twice")
     runtime.safe_point()
     if group:
-        by_node = {}
+        target_of = {}                                 # each new value's node -> the store it replaces
         for st, (_, v) in zip(stores, group):
-            by_node.setdefault(id(v._node.resolved()), []).append(st)
-        if any(len(s) > 1 for s in by_node.values()):
-            raise ValueError("update_all: one new value for two targets; pass a copy (e.g. v + 0.0) for the second")
-        pendings = run([v._node for _, v in group], lambda node, tile: PathSink(
-            node, tile, by_node[id(node.resolved())][0].path, overwrite=True, writable=True,
-            chunks=by_node[id(node.resolved())][0].chunks, shards=by_node[id(node.resolved())][0].shards,
-            resume=resume, defer_commit=True))
+            if target_of.setdefault(id(v._node.resolved()), st) is not st:
+                raise ValueError("update_all: one new value for two targets; pass a copy (e.g. v + 0.0) for "
+                                 "the second")
+
+        def sink(node, tile):
+            st = target_of[id(node.resolved())]
+            return PathSink(node, tile, st.path, overwrite=True, writable=True, chunks=st.chunks,
+                            shards=st.shards, resume=resume, defer_commit=True)
+        pendings = run([v._node for _, v in group], sink)
         committed = commit_group(pendings, lambda p: p.commit(owned=False, replace=True, writable=True),
                                  power=config.durability == "power")
         for (t, _), store in zip(group, committed):
