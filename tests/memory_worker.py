@@ -6,6 +6,7 @@ process, so the measuring process's lifetime peak RSS only reflects the workload
 """
 import json
 import os
+import resource
 import sys
 
 import numpy as np
@@ -29,9 +30,13 @@ def peak_rss() -> int:
 
     VmHWM, not ``getrusage().ru_maxrss``: Linux carries ru_maxrss across
     fork+exec, so a child of a large pytest process would report the parent's
-    footprint as its own peak.
+    footprint as its own peak. Where the kernel has no VmHWM (gVisor, as on
+    the lent TPU machine) ru_maxrss it is: it can only overstate the growth.
     """
-    return _status("VmHWM")
+    try:
+        return _status("VmHWM")
+    except RuntimeError:
+        return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
 
 
 def make(path, n, chunk, seed):

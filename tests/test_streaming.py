@@ -549,3 +549,31 @@ def test_reader_cache_does_not_keep_scratch_alive():
     del store, x
     gc.collect()
     assert not os.path.exists(path)
+
+
+@pytest.mark.filterwarnings("ignore:Explicitly requested dtype")
+def test_a_tile_placed_on_a_reader_thread_keeps_the_callers_64_bit_mode():
+    """``jax.enable_x64`` is thread-local: a reader thread placing an int64 tile without the caller's mode
+    gets int32 (on the TPU ``x + x`` of 2**40 came back 0). The placement carries the mode over."""
+    import jax
+    from jask.exec.executor import on_reader_thread
+    X = np.full((2, 3), 2**40, dtype=np.int64)
+    device = jax.devices()[0]
+    with jax.enable_x64(True):
+        carried = on_reader_thread(lambda x: jax.device_put(x, device))
+        plain = lambda x: jax.device_put(x, device)   # noqa: E731 - what the reader did before
+    got = {}
+
+    def reader():
+        try:
+            got["plain"] = np.asarray(plain(X))   # JAX warns that it truncates the dtype
+            got["carried"] = np.asarray(carried(X))
+        except Exception as e:   # noqa: BLE001 - shown by the assertion below
+            got["error"] = e
+    t = threading.Thread(target=reader)
+    t.start()
+    t.join()
+    assert "error" not in got, got.get("error")
+    assert got["plain"].dtype == np.int32               # the bug this guards against, still there without it
+    assert got["carried"].dtype == np.int64
+    np.testing.assert_array_equal(got["carried"], X)

@@ -52,3 +52,14 @@ def test_jit_value_and_grad_of_the_demo_loss_runs_on_the_device(backend):
     np.testing.assert_allclose(float(value), float(ref_v), rtol=1e-4)
     np.testing.assert_allclose(g, np.asarray(ref_g), rtol=1e-3, atol=1e-3)
     assert p.devices == {jax.devices()[0]}, p.devices
+
+
+@pytest.mark.filterwarnings("ignore::RuntimeWarning")   # pallas refuses 64-bit blocks: xla runs them, warned
+@pytest.mark.parametrize("backend", ["pallas", "xla"])
+def test_64bit_values_reach_the_device_whole(backend):
+    """Reader threads place tiles on the device: with x64 on, int64 must stay int64 (2**40 + 2**40 came
+    back 0 on a v5e while the threads placed tiles without the caller's thread-local x64 mode)."""
+    jask.config.update("backend", backend)
+    X = np.full((300, 200), 2**40, dtype=np.int64)
+    with jax.enable_x64(True):
+        np.testing.assert_array_equal(np.asarray(jask.from_numpy(X) + jask.from_numpy(X)), X + X)

@@ -5,7 +5,8 @@
 # STEPS is a comma list of env,hw,kernels,demo,bench,tests (default all, about 17 minutes capped: split it over
 # two calls, e.g. env,hw,kernels,demo then bench,tests). Also: probe (tpu_tests/transfer_probe.py: reads,
 # host-to-device copies, jask.sum on chip and host, jit(value_and_grad) bytes), tests1 (the whole CPU suite but
-# test_kernels/test_ops/test_properties, 420 s cap) and tests2 (test_ops and test_kernels, 400 s cap).
+# test_kernels/test_ops/test_properties, 420 s cap; TESTS1_FILES and TESTS1_CAP change them) and tests2 (test_ops and
+# test_kernels, 400 s cap; TESTS2_CAP).
 # Wheels (cp311, manylinux x86_64) into .whl-tpu: zarr numcodecs donfig google-crc32c pyyaml optax
 # absl-py dask partd locket toolz click cloudpickle fsspec importlib_metadata zipp.
 # One program at a time may hold the chip, so every step runs in one process, one after another.
@@ -44,19 +45,19 @@ if want demo; then
     timeout 120 python3 -m jask.demo --data_dir=$SCR/demo4 --rows=8388608 --features=128 --budget=1GB --steps=3; echo "rc=$?"; } > "$OUT/demo.log" 2>&1
 fi
 if want bench; then
-  el bench; timeout 120 python3 -m jask.bench --workload=sum,grad --gib=2 --budget=2GB --repeat=2 --peers=jnp,raw-io --cache=warm --data_dir=$SCR/bd --out=$SCR/bout > "$OUT/bench.log" 2>&1; echo "rc=$?" >> "$OUT/bench.log"
+  el bench; timeout 180 python3 -m jask.bench --workload=sum,grad --gib=2 --budget=2GB --repeat=2 --peers=jnp,raw-io --cache=warm --read_mmap=off,on --data_dir=$SCR/bd --out=$SCR/bout > "$OUT/bench.log" 2>&1; echo "rc=$?" >> "$OUT/bench.log"
   cp $SCR/bout/results.md "$OUT/bench_results.md" 2>/dev/null
 fi
 if want probe; then
   el probe; timeout 240 python3 tpu_tests/transfer_probe.py --gib=2 --scratch=$SCR/probe > "$OUT/probe.log" 2>&1; echo "rc=$?" >> "$OUT/probe.log"
 fi
 if want tests1; then
-  el tests1; timeout 420 python3 -m pytest tests -q -o addopts="" -p no:cacheprovider -rfE --durations=15 -m "not slow" \
+  el tests1; timeout ${TESTS1_CAP:-420} python3 -m pytest ${TESTS1_FILES:-tests} -q -o addopts="" -p no:cacheprovider -rfE --durations=15 -m "not slow" \
     --ignore=tests/test_kernels.py --ignore=tests/test_ops.py --ignore=tests/test_properties.py > "$OUT/tests1.log" 2>&1
   echo "rc=$?" >> "$OUT/tests1.log"
 fi
 if want tests2; then
-  el tests2; timeout 400 python3 -m pytest tests/test_ops.py tests/test_kernels.py -q -o addopts="" -p no:cacheprovider \
+  el tests2; timeout ${TESTS2_CAP:-400} python3 -m pytest tests/test_ops.py tests/test_kernels.py -q -o addopts="" -p no:cacheprovider \
     -rfE --durations=15 -m "not slow" > "$OUT/tests2.log" 2>&1; echo "rc=$?" >> "$OUT/tests2.log"
 fi
 if want tests; then

@@ -185,7 +185,7 @@ class Executor:
                     target.device = self.devices[share]
                     yield r
 
-        return requests(), lambda x: jax.device_put(x, target.device)
+        return requests(), on_reader_thread(lambda x: jax.device_put(x, target.device))
 
     def _checked(self, node, idx, tile, cast=True):
         """A finished tile in the node's dtype (unless not ``cast``) and shape (zeros for a tile with no entries)."""
@@ -198,6 +198,17 @@ class Executor:
             raise ValueError(f"{self.plan.prepared[id(node)].name}.forward_block produced a tile of "
                              f"shape {tuple(tile.shape)} for output tile {tuple(idx)}, expected {expected}")
         return tile
+
+
+def on_reader_thread(place):
+    """``place`` as run on a reader thread with the caller's 64-bit mode: ``jax.enable_x64`` is
+    thread-local, and without it an int64 tile placed there arrives as int32 (2**40 became 0 on a TPU)."""
+    x64 = bool(jax.config.jax_enable_x64)
+
+    def placed(x):
+        with jax.enable_x64(x64):
+            return place(x)
+    return placed
 
 
 def usable_devices():
