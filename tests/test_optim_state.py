@@ -302,6 +302,10 @@ def test_a_killed_checkpointed_step_resumes(zygotes, tmp_path, monkeypatch):
     import warnings
     from jask.io import faults
     jask.config.update("tile", rw.TILE)                       # the children's tiles
+    # The killed child computes on the host CPU (conftest pins children there on an accelerator
+    # machine): so do this process's runs, or "bit for bit" would compare a chip's float32 with the
+    # host's (1e-4 apart after 3 Adam steps on a TPU v5e).
+    jask.config.update("device", jax.devices("cpu")[0])
 
     def steps(d, upto):
         monkeypatch.setattr(rw, "STATE_STEPS", upto)

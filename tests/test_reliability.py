@@ -193,6 +193,10 @@ def _kill_at_every_point(zygotes, tmp_path, scenario, durability):
     if any(p == "after_group_log" for p, _ in points):   # update_all: all new once the group's logs exist
         group_at = [p for p, _ in points].index("after_group_log") + 1
         assert group_at < min(swap_at.values()), points
+        if durability == "power":   # the logs' fsyncs, then their folder's, come just before after_group_log:
+            group_at -= 2           # the last log is whole from its own fsync on (one folder holds the targets)
+            assert [p for p, _ in points[group_at - len(swap_at):group_at + 1]] == \
+                ["before_fsync"] * (len(swap_at) + 1), points   # one per log, one for the folder
         swap_at = dict.fromkeys(swap_at, group_at)
     assert sum(p == "after_tile_write" for p, _ in points) >= 4 * len(swap_at)
     _check_kill_dir(str(tmp_path / "dry"), scenario, swap_at, len(points) + 1)

@@ -87,3 +87,42 @@ def test_a_group_killed_while_writing_its_logs_stays_old(params, tmp_path, first
         np.testing.assert_array_equal(np.asarray(opened[k]), v)
         np.testing.assert_array_equal(jask.from_zarr(paths[k]).__array__(), v)
     assert [n for n in os.listdir(tmp_path) if ".jask-" in n] == []
+
+
+def test_an_io_error_syncing_a_group_log_leaves_every_array_old(params, tmp_path):
+    """Durability "power": the group's logs and their folder are fsynced through the same fault point as the
+    stores' files (jask.io.durable), so an EIO there aborts the group before any swap: every array stays old,
+    and its logs and new folders are gone, so no later recovery could roll it forward."""
+    import errno
+    from jask.io import faults
+    paths, values = params
+    jask.config.update("durability", "power")
+    targets = []
+
+    def record(point, info):
+        if point in ("before_fsync", "after_group_log"):
+            targets.append(info.get("target") if point == "before_fsync" else point)
+    monkey = pytest.MonkeyPatch()
+    monkey.setattr(faults, "hook", record)
+    p = {k: jask.from_zarr(v, mode="r+") for k, v in paths.items()}
+    jask.update_all(p, {k: x + 1.0 for k, x in p.items()})   # a first commit, to find the logs' fsyncs
+    monkey.undo()
+    targets = targets[:targets.index("after_group_log")]          # the fsyncs before the first swap
+    log_syncs = [n for n, t in enumerate(targets, 1) if ".jask-group-" in os.path.basename(t)
+                 or os.path.abspath(t) == str(tmp_path)]
+    assert len(log_syncs) == 3, targets                          # two logs, their one folder
+    for k, v in values.items():                                   # back to the fixture's values
+        zarr.open_array(paths[k], mode="r+")[...] = v
+    for n in log_syncs:
+        p = {k: jask.from_zarr(v, mode="r+") for k, v in paths.items()}
+        with faults.armed(faults.Trigger("before_fsync", n, "EIO")):
+            with pytest.raises(OSError) as info:
+                jask.update_all(p, {k: x * 2.0 for k, x in p.items()})
+        assert info.value.errno == errno.EIO
+        for k, v in values.items():
+            np.testing.assert_array_equal(zarr.open_array(paths[k], mode="r")[...], v, err_msg=f"fsync {n}")
+            np.testing.assert_array_equal(np.asarray(jask.from_zarr(paths[k])), v, err_msg=f"fsync {n}, reopened")
+        gc.collect()                                              # the first commit's old folders go
+        assert sorted(os.listdir(tmp_path)) == ["b.zarr", "w.zarr"], f"fsync {n}: the group is withdrawn"
+    del p
+    gc.collect()

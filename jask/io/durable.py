@@ -93,6 +93,11 @@ def sync_tree(root: str, final_path: str) -> int:
     return len(files) + len(folders)
 
 
+def sync_file(path: str, final_path: str) -> None:
+    """Fsync one written file (a group's log), through the same fault point as a store's files."""
+    _fsync(path, final_path, directory=False)
+
+
 def sync_parent(final_path: str) -> None:
     """Fsync the folder holding ``final_path``, so a rename onto it is on disk."""
     _fsync(os.path.dirname(final_path), final_path, directory=True)

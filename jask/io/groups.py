@@ -18,12 +18,13 @@ its old value.
 """
 from __future__ import annotations
 
+import contextlib
 import fcntl
 import json
 import os
 import secrets
 
-from jask.io import faults
+from jask.io import durable, faults
 from jask.io.owners import owner_gone, sibling, sibling_owner, siblings as _siblings
 from jask.io.resume import JOURNAL
 
@@ -50,6 +51,18 @@ def _unmark(folder: str) -> None:
         pass
 
 
+def _write_logs(finals, token: str, power: bool) -> None:
+    """One log per target naming the whole group; with ``power`` each log and its folder fsynced."""
+    text = json.dumps({"token": token, "targets": finals})
+    for final in finals:
+        with open(_log_name(final, token), "w") as f:
+            f.write(text)
+        if power:
+            durable.sync_file(_log_name(final, token), final)
+    for final in {os.path.dirname(f): f for f in finals}.values() if power else ():
+        durable.sync_parent(final)   # each folder holding logs, once
+
+
 def commit_group(pendings, commit_one, power: bool = False) -> list:
     """Commit every pending store with ``commit_one`` so that a kill leaves all old or all new.
 
@@ -68,18 +81,15 @@ def commit_group(pendings, commit_one, power: bool = False) -> list:
         for p in pendings:
             p.abort()
         raise
-    text = json.dumps({"token": token, "targets": finals})
-    for final in finals:
-        with open(_log_name(final, token), "w") as f:
-            f.write(text)
-            if power:
-                os.fsync(f.fileno())
-    for folder in dict.fromkeys(os.path.dirname(f) for f in finals) if power else ():
-        fd = os.open(folder, os.O_RDONLY | os.O_DIRECTORY)
-        try:
-            os.fsync(fd)
-        finally:
-            os.close(fd)
+    try:
+        _write_logs(finals, token, power)
+    except BaseException:   # no swap yet: the group is withdrawn, so no later recovery rolls it forward
+        for final in finals:
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(_log_name(final, token))
+        for p in pendings:
+            p.abort()
+        raise
     if faults.hook is not None:
         faults.fire("after_group_log", path=finals[0])
     stores = [commit_one(p) for p in pendings]
