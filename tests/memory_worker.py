@@ -31,7 +31,7 @@ def peak_rss() -> int:
     VmHWM, not ``getrusage().ru_maxrss``: Linux carries ru_maxrss across
     fork+exec, so a child of a large pytest process would report the parent's
     footprint as its own peak. Where the kernel has no VmHWM (gVisor, as on
-    the lent TPU machine) ru_maxrss it is: it can only overstate the growth.
+    the lent TPU machine) it falls back to ru_maxrss, which can only overstate the growth.
     """
     try:
         return _status("VmHWM")

@@ -102,11 +102,9 @@ def test_an_io_error_syncing_a_group_log_leaves_every_array_old(params, tmp_path
     def record(point, info):
         if point in ("before_fsync", "after_group_log"):
             targets.append(info.get("target") if point == "before_fsync" else point)
-    monkey = pytest.MonkeyPatch()
-    monkey.setattr(faults, "hook", record)
     p = {k: jask.from_zarr(v, mode="r+") for k, v in paths.items()}
-    jask.update_all(p, {k: x + 1.0 for k, x in p.items()})   # a first commit, to find the logs' fsyncs
-    monkey.undo()
+    with faults.armed(record):
+        jask.update_all(p, {k: x + 1.0 for k, x in p.items()})   # a first commit, to find the logs' fsyncs
     targets = targets[:targets.index("after_group_log")]          # the fsyncs before the first swap
     log_syncs = [n for n, t in enumerate(targets, 1) if ".jask-group-" in os.path.basename(t)
                  or os.path.abspath(t) == str(tmp_path)]
