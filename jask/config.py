@@ -10,7 +10,7 @@ import dataclasses
 import os
 import re
 
-from jask.io import durable, scratch
+from jask.io import durable, scratch, settings as io_settings
 from jask.kernels import registry
 
 _UNITS = {
@@ -75,7 +75,7 @@ class Config:
 
 config = Config()
 durable.check_mode(config.durability)   # a bad JASK_DURABILITY fails at import, naming the choices
-scratch.use_settings(config)   # the io layer reads its settings from here, never imports this module
+io_settings.use_settings(config)   # the io layer reads its settings from here, never imports this module
 registry.use_settings(config)  # so does the kernels layer
 
 

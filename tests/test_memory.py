@@ -41,12 +41,14 @@ def test_peak_rss_within_budget(workload, data_dir):
 def test_memory_a_run_freed_is_returned(data_dir):
     """After a pass with 4 MiB tiles, RSS falls back near where it started (jask/io/malloc.py).
 
-    Without returning freed pages the same gradient pass left 102 MB resident
-    (``JASK_MALLOC_TRIM=0``); with it, 30 MB (compiled kernels and caches).
+    Measured here (2026-12-05, 13-20 runs each way): RSS after the gradient pass sat
+    38-71 MiB above its start (compiled programs and heap fragments, varying run
+    to run); without returning freed pages (``JASK_MALLOC_TRIM=0``) mostly 101-170, once 77 MiB.
+    The bound sits between the two (64 MiB failed once in CI at 71).
     """
     r = _run("grad", data_dir, budget=128_000_000)
     assert r["projected"] >= 64 * 2**20, "the test needs big tiles"
-    assert r["after"] <= 64 * 2**20, r
+    assert r["after"] <= 88 * 2**20, r
 
 
 def test_malloc_arenas_are_capped_unless_the_user_chose(monkeypatch):

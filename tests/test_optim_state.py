@@ -303,16 +303,17 @@ def test_a_killed_checkpointed_step_resumes(zygotes, tmp_path, monkeypatch):
     from jask.io import faults
     jask.config.update("tile", rw.TILE)                       # the children's tiles
     # The killed child computes on the host CPU (conftest pins children there on an accelerator
-    # machine): so do this process's runs, or "bit for bit" would compare a chip's float32 with the
-    # host's (1e-4 apart after 3 Adam steps on a TPU v5e).
-    jask.config.update("device", jax.devices("cpu")[0])
+    # machine): so do this process's runs, tiles and the optimizer's own jnp scalars alike, or "bit
+    # for bit" would compare a chip's float32 with the host's (1e-4 apart after 3 Adam steps on a TPU v5e).
+    host = jax.devices("cpu")[0]
+    jask.config.update("device", host)
 
     def steps(d, upto):
         monkeypatch.setattr(rw, "STATE_STEPS", upto)
         a, b = (jask.from_zarr(os.path.join(d, n)) for n in ("a.zarr", "b.zarr"))
         recorder = faults.Recorder()
         monkeypatch.setattr(faults, "hook", recorder)
-        with jask.profile() as prof, warnings.catch_warnings():
+        with jask.profile() as prof, warnings.catch_warnings(), jax.default_device(host):
             warnings.simplefilter("error", RuntimeWarning)    # resume=True takes the killed folders over
             rw.adam_state_steps(jask, lambda n: os.path.join(d, n), a, b, resume=True)
         monkeypatch.setattr(faults, "hook", None)

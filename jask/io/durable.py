@@ -23,15 +23,15 @@ import concurrent.futures
 import ctypes
 import os
 
-from jask.io import faults, scratch
+from jask.io import faults, settings
 
 MODES = ("process", "power")
 SYNC_THREADS = 8   # files fsynced at once before a commit (512 MiB to_zarr: ~20% faster than one by one)
 
 
 def mode() -> str:
-    """The current ``durability`` setting (``jask.config``'s, handed in through :func:`scratch.use_settings`)."""
-    return scratch.setting("durability", "process")
+    """The current ``durability`` setting (``jask.config``'s, handed in through :func:`jask.io.settings.use_settings`)."""
+    return settings.setting("durability", "process")
 
 
 def check_mode(value) -> str:

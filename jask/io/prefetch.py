@@ -13,7 +13,7 @@ import time
 
 from jask.io.layout import describe_region
 from jask.io.buffers import shared_pool
-from jask.io.scratch import setting
+from jask.io.settings import setting
 from jask.io.reader import CorruptChunkError, MissingChunkError, TileKey, TileReadError, reader_for
 
 

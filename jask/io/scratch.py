@@ -23,9 +23,9 @@ import os
 import secrets
 import shutil
 import tempfile
-import types
 
 from jask.io import resumable_scratch, urls
+from jask.io.settings import current as _current_settings
 from jask.io.owners import owner_gone
 from jask.io.recovery import recover
 
@@ -34,23 +34,6 @@ _counter = itertools.count()
 _process_dir: str | None = None
 _recorded: set = set()   # (process folder, user path) already noted in its TARGETS file
 TARGETS = "targets"      # in a process folder: the user paths it writes beside, one a line
-
-# Where scratch goes is a setting of ``jask.config``, which passes its live settings object in
-# (use_settings) rather than this layer importing it; read afresh at every call.
-_settings = types.SimpleNamespace(scratch_dir=os.environ.get("JASK_SCRATCH_DIR") or None, allow_tmpfs=False,
-                                  durability=os.environ.get("JASK_DURABILITY") or "process")
-
-
-def use_settings(settings) -> None:
-    """Read ``scratch_dir``, ``allow_tmpfs`` (and :func:`setting`) from ``settings`` from now on."""
-    global _settings
-    _settings = settings
-
-
-def setting(name: str, default=None):
-    """One live setting the io layer reads (e.g. ``durability``), or ``default`` when not set."""
-    return getattr(_settings, name, default)
-
 
 def filesystem_type(path: str) -> str:
     """Filesystem type of the mount holding ``path`` (from /proc/mounts; '' if unknown)."""
@@ -135,7 +118,7 @@ def check_scratch_dir(path: str, allow_tmpfs: bool) -> None:
 
 def scratch_location() -> tuple[str, str]:
     """The scratch root the next store would use, and why it was chosen (a short phrase)."""
-    config = _settings
+    config = _current_settings()
     if config.scratch_dir:
         source = "JASK_SCRATCH_DIR" if config.scratch_dir == os.environ.get("JASK_SCRATCH_DIR") \
             else "set_memory_budget(scratch_dir=...)"
@@ -214,7 +197,7 @@ def process_dir() -> str:
             _process_dir = f"{root.rstrip('/')}/jask-{os.getpid()}-{secrets.token_hex(4)}"
         return _process_dir
     if _process_dir is None or os.path.dirname(_process_dir) != os.path.abspath(root):
-        check_scratch_dir(root, _settings.allow_tmpfs)
+        check_scratch_dir(root, _current_settings().allow_tmpfs)
         created_root = not os.path.isdir(root)
         os.makedirs(root, exist_ok=True)
         remove_stale(root)
@@ -250,7 +233,7 @@ def resumable_path(key: str, what: str = "persist") -> str:
 
 def storage_options() -> dict | None:
     """``storage_options`` for a scratch dir that is a store URL (the ``scratch_storage_options`` setting)."""
-    return getattr(_settings, "scratch_storage_options", None)
+    return getattr(_current_settings(), "scratch_storage_options", None)
 
 
 def cleanup_scratch(root: str | None = None, paths=()) -> list[str]:
