@@ -298,3 +298,16 @@ def test_benchmark_command_line():
     out = subprocess.run([sys.executable, "-m", "jask.bench.kernels", "--op=add,sum", "--n=32", "--block=16",
                           "--backend=xla", "--repeat=1"], capture_output=True, text=True, check=True)
     assert "ratio" in out.stdout and "GB/s" in out.stdout
+
+
+def test_benchmark_compares_panels_on_and_off_in_one_run():
+    """``--panels=on,off`` times the tiles path both ways; both agree with jnp."""
+    out = subprocess.run([sys.executable, "-m", "jask.bench.kernels", "--op=dot", "--n=48", "--block=16",
+                          "--backend=xla", "--repeat=1", "--path=tiles", "--panels=on,off"],
+                         capture_output=True, text=True, check=True)
+    lines = [ln for ln in out.stdout.splitlines() if "ratio" in ln]
+    assert [("panels=on" in ln, "panels=off" in ln) for ln in lines] == [(True, False), (False, True)], out.stdout
+    errors = [float(ln.rsplit("max |err| ", 1)[1]) for ln in lines]
+    assert max(errors) < 1e-3, out.stdout
+    bad = subprocess.run([sys.executable, "-m", "jask.bench.kernels", "--panels=maybe"], capture_output=True, text=True)
+    assert bad.returncode != 0 and "--panels takes on, off or on,off; got 'maybe'" in bad.stderr

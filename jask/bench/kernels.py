@@ -44,6 +44,8 @@ flags.DEFINE_enum("path", "window", ["window", "tiles", "jask"],
                   "window: the whole array as one window program over stacked blocks (the Pallas "
                   "executor's form, one kernel call); tiles: the xla executor's form, the blocks as "
                   "separate arguments of one program (--backend=xla); jask: the full pipeline from Zarr stores")
+flags.DEFINE_list("panels", ["on"], "on, off or both (on,off: side by side in one run): whether a window of plain "
+                  "products filling a rectangle is multiplied as one product of panels (jask/kernels/panels.py)")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -235,13 +237,18 @@ def main(argv):
     print(f"jax {jax.__version__} on {jax.default_backend()} ({jax.device_count()} device(s)); "
           f"path={FLAGS.path}{', blocks from ' + FLAGS.blocks_from if FLAGS.path != 'jask' else ''}; median of {FLAGS.repeat} after a warm-up, "
           f"jnp and jask runs interleaved; load average {os.getloadavg()[0]:.2f} on {os.cpu_count()} cpus")
-    for name in FLAGS.op:
+    from jask.kernels import panels
+    if not FLAGS.panels or set(FLAGS.panels) - {"on", "off"}:
+        raise app.UsageError(f"--panels takes on, off or on,off; got {','.join(FLAGS.panels)!r}")
+    min_side = panels.MIN_SIDE
+    for name, mode in itertools.product(FLAGS.op, FLAGS.panels):
         if name not in _cases():
             raise app.UsageError(f"unknown --op {name!r}; choose from {sorted(_cases())}")
+        panels.MIN_SIDE = min_side if mode == "on" else math.inf
         r = bench_op(name, FLAGS.n, FLAGS.block, FLAGS.backend, FLAGS.repeat, FLAGS.dtype, FLAGS.path,
                      FLAGS.blocks_from)
         print(f"{r['op']:>9} n={r['n']} block={r['block']} {r['dtype']} backend={r['backend']} "
-              f"precision={r['precision']}: "
+              f"panels={mode} precision={r['precision']}: "
               f"{r['median_s'] * 1e3:9.2f} ms (best {r['best_s'] * 1e3:.2f}) {r['rate']:8.2f} {r['unit']} | "
               f"jnp {r['jnp_median_s'] * 1e3:9.2f} ms {r['jnp_rate']:8.2f} {r['unit']} | "
               f"ratio {r['ratio']:.2f}x | cpu {r['cpu_s']:.2f} s vs {r['jnp_cpu_s']:.2f} s, "

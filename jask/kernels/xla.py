@@ -5,6 +5,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from jask.kernels.panels import multiply_panels, panel_plan
 from jask.kernels.registry import ANY_PLATFORM, register
 from jask.kernels.window import contraction_precision, widen_dtype
 
@@ -82,11 +83,18 @@ def compile_window_tiles(op, spec, table, valid, carried=()):
     plan = [[tuple(int(r) for r in table[i, k]) for k in range(spec.k) if valid[i, k]]
             for i in range(spec.n_tiles)]
 
+    panels = panel_plan(op, spec, table, valid)
+
     def program(*flat):
         rows = [flat[bounds[j]:bounds[j + 1]] for j in range(len(spec.stack_rows))]
         incoming = dict(zip(carried, flat[bounds[-1]:]))
-        outs = []
         with jax.default_matmul_precision(prec):
+            if panels is not None:
+                acc_dtype = widen_dtype(jnp.result_type(*spec.leaf_dtypes))
+                outs = multiply_panels(panels, rows[0], rows[1], spec.out_block, acc_dtype)
+                return [out if i not in incoming else jnp.asarray(op.combine(incoming[i], out)).astype(out.dtype)
+                        for i, out in enumerate(outs)]
+            outs = []
             for i, entries in enumerate(plan):
                 acc = incoming.get(i)
                 for e in entries:
