@@ -118,3 +118,12 @@ def test_only_plain_products_take_the_panel_path():
                        + spec.stack_rows[1:], spec.n_tiles, spec.k, spec.out_block)
     fused_table = np.concatenate([table[:, :, :1], table], axis=2)
     assert panels.panel_plan(_fused_dot_of_difference(), fused, fused_table, valid) is None   # (a - b) @ c
+
+
+def test_a_window_whose_panels_pass_the_memory_cap_multiplies_block_by_block(monkeypatch):
+    spec, blocks, table, valid, tiles, want = _window(2, 2, 3)
+    copies = (2 * BM * 3 * BK + 3 * BK * 2 * BN + 2 * BM * 2 * BN) * 4
+    monkeypatch.setattr(panels, "MAX_PANEL_BYTES", copies)
+    assert panels.panel_plan(Dot(), spec, table, valid) is not None
+    monkeypatch.setattr(panels, "MAX_PANEL_BYTES", copies - 1)
+    assert panels.panel_plan(Dot(), spec, table, valid) is None

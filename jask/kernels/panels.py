@@ -27,6 +27,10 @@ from jask.kernels.legality import classify
 from jask.kernels.window import widen_dtype
 
 MIN_SIDE = 2   # block rows and block columns a window needs before its blocks are multiplied as panels
+# The panels and their product are copies the block-by-block fold does not make: a window takes the
+# panel path only while they stay under this, so memory grows by at most a small constant over the
+# planner's projection (CPU windows stop at 16 MiB of input; the 2048^2 benchmark window needs 48 MiB).
+MAX_PANEL_BYTES = 64 << 20
 
 
 @dataclasses.dataclass(frozen=True)
@@ -40,7 +44,7 @@ class PanelPlan:
 
 def panel_plan(op, spec, table: np.ndarray, valid: np.ndarray) -> PanelPlan | None:
     """The panels of a window whose tiles fill a rectangle of plain products, or None (multiply block by block)."""
-    if spec.k < 2 or not valid.all() or len(spec.leaf_blocks) != 2:
+    if spec.k < 2 or not valid.all() or len(spec.leaf_blocks) != 2 or any(len(b) != 2 for b in spec.leaf_blocks):
         return None
     a_lists = [tuple(int(r) for r in table[i, :, 0]) for i in range(spec.n_tiles)]
     b_lists = [tuple(int(r) for r in table[i, :, 1]) for i in range(spec.n_tiles)]
@@ -49,7 +53,14 @@ def panel_plan(op, spec, table: np.ndarray, valid: np.ndarray) -> PanelPlan | No
     if min(len(a_rows), len(b_rows)) < MIN_SIDE or len(set(tile_at)) != spec.n_tiles \
             or spec.n_tiles != len(a_rows) * len(b_rows):
         return None
-    if classify(op, spec, widen_dtype(np.result_type(*spec.leaf_dtypes)))[0] != "matmul":
+    (bm, bk), (_, bn) = spec.leaf_blocks
+    acc = widen_dtype(np.result_type(*spec.leaf_dtypes))
+    copies = (len(a_rows) * bm * spec.k * bk * spec.leaf_dtypes[0].itemsize
+              + spec.k * bk * len(b_rows) * bn * spec.leaf_dtypes[1].itemsize
+              + len(a_rows) * bm * len(b_rows) * bn * acc.itemsize)
+    if copies > MAX_PANEL_BYTES:
+        return None
+    if classify(op, spec, acc)[0] != "matmul":
         return None
     return PanelPlan(a_rows, b_rows, tile_at)
 
