@@ -22,6 +22,7 @@ from jask.graph.tiling import block_shape
 from jask.hijax import compat, runtime
 from jask.hijax.array import DiskArrayType, is_disk_array
 from jask.hijax.grad import CustomGradOp, GradOp
+from jask.hijax.residuals import keep_small_residuals
 from jask.plan.tiling import default_tile
 
 
@@ -69,7 +70,8 @@ class OpPrimitive(compat.HiPrimitive):
         return out
 
     def vjp_fwd(self, nzs_in, *args):
-        return self(*args), args
+        out = self(*args)
+        return out, keep_small_residuals(args, self.in_avals)
 
     def vjp_bwd(self, res, g, *accums):
         if not _inexact(self.out_aval):   # as in JAX: nothing flows back through bool/int outputs

@@ -1,0 +1,93 @@
+"""Small residuals are stored by the loss pass, so a gradient rereads big inputs once (jask/hijax/residuals.py).
+
+``jit(grad)`` of ``sum((X @ W1 @ W2 - Y) ** 2) / N``: the loss pass reads X
+once and stores ``H = X @ W1`` (X's size / 8 here) and the other small
+intermediates; the backward pass reads X once more (W1's gradient) and H
+instead of X for W2's. X tiles are counted at the reader (``before_tile_read``),
+so the count cannot drift with timing. Before residuals were kept, X was read
+three times. Gradients are checked against ``jax.grad`` of the same jnp loss.
+"""
+import os
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import jask
+from jask.hijax import residuals
+from jask.io import faults
+
+N, F, H = 512, 64, 8
+TILE = 64
+
+
+@pytest.fixture
+def data(tmp_path):
+    rng = np.random.default_rng(0)
+    arrays = {"X": rng.standard_normal((N, F)), "Y": rng.standard_normal((N, 1)),
+              "W1": rng.standard_normal((F, H)) * 0.1, "W2": rng.standard_normal((H, 1)) * 0.1}
+    arrays = {k: v.astype(np.float32) for k, v in arrays.items()}
+    for name, a in arrays.items():
+        jask.to_zarr(jask.from_numpy(a), str(tmp_path / f"{name}.zarr"), chunks=tuple(min(TILE, d) for d in a.shape))
+    jask.config.update("tile", TILE)
+    disk = {k: jask.from_zarr(str(tmp_path / f"{k}.zarr")) for k in arrays}
+    return arrays, disk, str(tmp_path / "X.zarr")
+
+
+def _loss(W1, W2, X, Y):
+    return jask.sum(jask.square(X @ W1 @ W2 - Y)) / X.shape[0]
+
+
+def _x_tile_reads(fn, x_path):
+    recorder = faults.Recorder()
+    with faults.armed(recorder):
+        out = fn()
+    return out, sum(1 for point, path in recorder.points
+                    if point == "before_tile_read" and os.path.realpath(path or "") == os.path.realpath(x_path))
+
+
+def _reference(arrays):
+    def loss(W1, W2):
+        return jnp.sum(jnp.square(arrays["X"] @ W1 @ W2 - arrays["Y"])) / N
+    return jax.value_and_grad(loss, argnums=(0, 1))(arrays["W1"], arrays["W2"])
+
+
+@pytest.mark.parametrize("keep", [True, False], ids=["kept", "recomputed"])
+def test_a_two_layer_gradient_reads_x_twice_when_small_residuals_are_kept(data, keep, monkeypatch):
+    arrays, d, x_path = data
+    if not keep:
+        monkeypatch.setattr(residuals, "KEEP_RATIO", float("inf"))
+    step = jax.jit(jax.value_and_grad(_loss, argnums=(0, 1)))
+
+    def run():
+        loss, (g1, g2) = step(d["W1"], d["W2"], d["X"], d["Y"])
+        return float(loss), np.asarray(g1), np.asarray(g2)
+
+    (loss, g1, g2), reads = _x_tile_reads(run, x_path)
+    x_tiles = (N // TILE) * (F // TILE)
+    assert reads == (2 if keep else 3) * x_tiles, reads / x_tiles
+    want_loss, (want_g1, want_g2) = _reference(arrays)
+    np.testing.assert_allclose(loss, float(want_loss), rtol=1e-5)
+    np.testing.assert_allclose(g1, np.asarray(want_g1), rtol=1e-4, atol=1e-6)
+    np.testing.assert_allclose(g2, np.asarray(want_g2), rtol=1e-4, atol=1e-6)
+
+
+def test_eager_gradients_keep_small_residuals_too(data):
+    arrays, d, x_path = data
+    grad = jax.grad(_loss, argnums=(0, 1))
+    (g1, g2), reads = _x_tile_reads(lambda: [np.asarray(g) for g in grad(d["W1"], d["W2"], d["X"], d["Y"])], x_path)
+    assert reads == 2 * (N // TILE) * (F // TILE)
+    _, (want_g1, want_g2) = _reference(arrays)
+    np.testing.assert_allclose(g1, np.asarray(want_g1), rtol=1e-4, atol=1e-6)
+    np.testing.assert_allclose(g2, np.asarray(want_g2), rtol=1e-4, atol=1e-6)
+
+
+def test_which_residuals_are_worth_keeping(data):
+    _, d, _ = data
+    h = d["X"] @ d["W1"]                     # X's size / 8: recomputing it reads 8x its bytes and more
+    diff = d["X"] - d["X"] * 2.0             # as big as what it is computed from
+    assert residuals.worth_keeping(h._node)
+    assert not residuals.worth_keeping(diff._node)
+    assert not residuals.worth_keeping(d["X"]._node)        # stored already
+    assert residuals.recompute_bytes(h._node) == (N * F + F * H) * 4
