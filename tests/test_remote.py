@@ -333,10 +333,10 @@ def test_s3_killed_writer_leaves_a_whole_version(s3, tmp_path):
             assert len(left) == 3 and len(now) == 2            # the killed write's young version stays
 
 
-@needs_moto
-def test_s3_missing_bucket_is_named_before_any_work(s3, backend):
-    opts = s3.storage_options()
-    url = "s3://no-such-bucket/x.zarr"
+def check_missing_bucket_and_array_are_named(scheme, bucket, opts):
+    """A missing bucket is BucketNotFoundError naming the URL, before any tile; a missing array in a
+    bucket is FileNotFoundError naming it (tests/test_gcs.py runs it for gs://)."""
+    url = f"{scheme}://no-such-bucket/x.zarr"
     with pytest.raises(BucketNotFoundError, match="no-such-bucket") as err:
         jask.from_zarr(url, storage_options=opts)
     assert err.value.url == url
@@ -344,8 +344,13 @@ def test_s3_missing_bucket_is_named_before_any_work(s3, backend):
     with jask.profile() as stats, pytest.raises(BucketNotFoundError, match="no-such-bucket"):
         jask.to_zarr(x * 2, url, storage_options=opts)
     assert stats.tiles == 0 and stats.bytes_written == 0
-    with pytest.raises(FileNotFoundError, match=f"no Zarr array at s3://{BUCKET}/absent.zarr"):
-        jask.from_zarr(f"s3://{BUCKET}/absent.zarr", storage_options=opts)
+    with pytest.raises(FileNotFoundError, match=f"no Zarr array at {scheme}://{bucket}/absent.zarr"):
+        jask.from_zarr(f"{scheme}://{bucket}/absent.zarr", storage_options=opts)
+
+
+@needs_moto
+def test_s3_missing_bucket_is_named_before_any_work(s3, backend):
+    check_missing_bucket_and_array_are_named("s3", BUCKET, s3.storage_options())
 
 
 @needs_moto
