@@ -91,3 +91,20 @@ def test_which_residuals_are_worth_keeping(data):
     assert not residuals.worth_keeping(diff._node)
     assert not residuals.worth_keeping(d["X"]._node)        # stored already
     assert residuals.recompute_bytes(h._node) == (N * F + F * H) * 4
+
+
+def test_a_one_layer_gradient_keeps_nothing(data):
+    """``sum((X @ w - y) ** 2)``: the backward pass recomputes ``X @ w`` inside its one read of X, so the
+    loss pass stores no residual (that only cost time) and X is read twice, as before."""
+    arrays, d, x_path = data
+    w = jask.from_numpy(arrays["W1"][:, :1])
+    step = jax.jit(jax.value_and_grad(lambda w, X, Y: jask.sum(jask.square(X @ w - Y)) / X.shape[0]))
+    with jask.profile() as stats:
+        (loss, g), reads = _x_tile_reads(lambda: (lambda out: (float(out[0]), np.asarray(out[1])))(
+            step(w, d["X"], d["Y"])), x_path)
+    assert stats.bytes_written == 0 and stats.arrays_written == 0
+    assert reads == 2 * (N // TILE) * (F // TILE)
+    want_loss, want_g = jax.value_and_grad(lambda w: jnp.sum(jnp.square(arrays["X"] @ w - arrays["Y"])) / N)(
+        arrays["W1"][:, :1])
+    np.testing.assert_allclose(loss, float(want_loss), rtol=1e-5)
+    np.testing.assert_allclose(g, np.asarray(want_g), rtol=1e-4, atol=1e-6)
