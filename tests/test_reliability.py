@@ -386,7 +386,9 @@ def test_resumed_update_all_computes_only_the_missing_tiles(zygotes, tmp_path):
         assert res["signal"] == signal.SIGKILL, zygotes.log_tail()
         np.testing.assert_array_equal(_read_back(os.path.join(d, "p1.zarr")), rw.P1)   # the old step
         journals = [_journaled(d, name) for name in ("p1.zarr", "p2.zarr")]
-        assert sum(map(len, journals)) == k
+        # The fault fires at the k-th tile write, counted over both outputs' writer threads: the other
+        # thread may journal the tile it was writing before the SIGKILL lands (seen once in CI: 2 at k=1).
+        assert k <= sum(map(len, journals)) <= k + 1, (k, journals)
         left = 16 - len(journals[0] & journals[1])                  # positions computed again
         assert left <= 16 - (k - 16 if k > 16 else 0) and (k < 31 or left <= 1)
         prof = rerun(d)
