@@ -7,7 +7,7 @@ it. For ``jit(grad)`` of ``sum((X @ W1 @ W2 - Y) ** 2)`` that reread X for
 ``H = X @ W1`` (needed by W2's gradient), three passes over X in all. A
 residual far smaller than what recomputing it reads (H is X's size / 16 for a
 hidden width of 64) is stored by the loss pass that computes it anyway
-(:func:`jask.exec.driver.store_with_next_run`), and the backward pass reads it
+(a deferred persist: :func:`jask.exec.driver.store_with_next_run`), and the backward pass reads it
 back: two passes over X. A residual about as big as its inputs (``X - Y``) is
 left to be recomputed: writing and rereading it would cost more than reading
 the inputs again.
@@ -22,15 +22,12 @@ cost time (a 256 MiB one-layer step: 0.21 s against 0.15 s).
 """
 from __future__ import annotations
 
-import dataclasses
-
 import numpy as np
 
-from jask.exec.driver import store_with_next_run
 from jask.graph.nodes import OpNode, StoredNode
-from jask.hijax import compat, runtime
 from jask.hijax.array import DiskArrayType
-from jask.plan.walk import nbytes
+from jask.hijax.sinks import PersistPrimitive
+from jask.plan.walk import collect, nbytes
 
 # A residual is kept when recomputing it would read at least this many times its own bytes.
 KEEP_RATIO = 4
@@ -38,17 +35,9 @@ KEEP_RATIO = 4
 
 def recompute_bytes(node) -> int:
     """Bytes of the distinct stored arrays that computing ``node`` from scratch reads."""
-    seen, total, todo = set(), 0, [node]
-    while todo:
-        n = todo.pop().resolved()
-        if id(n) in seen:
-            continue
-        seen.add(id(n))
-        if isinstance(n, StoredNode):
-            total += nbytes(n)
-        elif isinstance(n, OpNode):
-            todo.extend(n.inputs)
-    return total
+    pending, _ = collect([node])
+    stored = {id(i): i for op in pending for i in (x.resolved() for x in op.inputs) if isinstance(i, StoredNode)}
+    return sum(nbytes(i) for i in stored.values())
 
 
 def worth_keeping(node) -> bool:
@@ -58,44 +47,18 @@ def worth_keeping(node) -> bool:
             and recompute_bytes(n) >= KEEP_RATIO * nbytes(n))
 
 
-@dataclasses.dataclass(frozen=True)
-class _KeepSmall:
-    def __call__(self, *nodes):
-        store_with_next_run([n for n in nodes if worth_keeping(n)])
-        return nodes
-
-
-class KeepResidualsPrimitive(compat.HiPrimitive):
-    """The identity on DiskArrays that asks the next run to also store the small ones (see the module)."""
-
-    def __init__(self, types):
-        self.in_avals = tuple(types)
-        self.out_aval = tuple(types)
-        self.params = dict(signature=tuple(types))
-        super().__init__()
-
-    def expand(self, *xs):
-        return runtime.host_call(_KeepSmall(), self.out_aval, [runtime.ref_of(x) for x in xs], [True] * len(xs))
-
-    def vjp_fwd(self, nzs, *xs):
-        return self(*xs), None
-
-    def vjp_bwd_retval(self, res, gs):
-        return tuple(gs)
-
-
 def _size(aval) -> int:
     return int(np.prod(aval.shape, dtype=np.int64))
 
 
 def keep_small_residuals(args, in_avals) -> tuple:
-    """``args`` with each DiskArray that shares the op with a smaller array input routed through
-    :class:`KeepResidualsPrimitive` (the candidates, see the module docstring); others unchanged."""
+    """``args`` with each DiskArray that shares the op with a smaller array input (the candidates, see
+    the module docstring) routed through a deferred persist that stores those :func:`worth_keeping`."""
     arrays = [i for i, t in enumerate(in_avals) if isinstance(t, DiskArrayType)]
     at = [i for i in arrays if any(_size(in_avals[j]) < _size(in_avals[i]) for j in arrays if j != i)]
     if not at:
         return tuple(args)
-    kept = KeepResidualsPrimitive([in_avals[i] for i in at])(*[args[i] for i in at])
+    kept = PersistPrimitive([in_avals[i] for i in at], defer=True, only=worth_keeping)(*[args[i] for i in at])
     out = list(args)
     for i, k in zip(at, kept):
         out[i] = k

@@ -72,26 +72,31 @@ class FromMemoryPrimitive(compat.HiPrimitive):
 @dataclasses.dataclass(frozen=True)
 class _Persist:
     defer: bool = False
+    only: object = None       # with ``defer``: store only the nodes this predicate accepts
 
     def __call__(self, *nodes):
         if self.defer:
-            store_with_next_run(nodes)
+            store_with_next_run([n for n in nodes if self.only is None or self.only(n)])
             return nodes
         return tuple(run(nodes))
 
 
 class PersistPrimitive(compat.HiPrimitive):
-    """``persist`` under jit: compute arrays into scratch now (or with the next run); the identity for gradients."""
+    """``persist`` under jit: compute arrays into scratch now (or with the next run); the identity for gradients.
 
-    def __init__(self, types, defer=False):
+    ``only`` (with ``defer``): a predicate on nodes; the others are passed through unstored
+    (:mod:`jask.hijax.residuals` keeps only small residuals so).
+    """
+
+    def __init__(self, types, defer=False, only=None):
         self.in_avals = tuple(types)
         self.out_aval = tuple(types)
-        self.defer = defer
-        self.params = dict(signature=tuple(types), defer=defer)
+        self.defer, self.only = defer, only
+        self.params = dict(signature=tuple(types), defer=defer, only=only)
         super().__init__()
 
     def expand(self, *xs):
-        return runtime.host_call(_Persist(self.defer), self.out_aval, [runtime.ref_of(x) for x in xs],
+        return runtime.host_call(_Persist(self.defer, self.only), self.out_aval, [runtime.ref_of(x) for x in xs],
                                  [True] * len(xs))
 
     def vjp_fwd(self, nzs, *xs):

@@ -40,6 +40,7 @@ class PanelPlan:
     a_rows: tuple[tuple[int, ...], ...]    # per block row: rows of leaf 0's tiles along K
     b_rows: tuple[tuple[int, ...], ...]    # per block column: rows of leaf 1's tiles along K
     tile_at: tuple[tuple[int, int], ...]   # per output tile: (block row, block column)
+    acc_dtype: np.dtype                    # the product's dtype: float32 for bf16/f16 blocks, as the block fold
 
 
 def panel_plan(op, spec, table: np.ndarray, valid: np.ndarray) -> PanelPlan | None:
@@ -62,14 +63,14 @@ def panel_plan(op, spec, table: np.ndarray, valid: np.ndarray) -> PanelPlan | No
         return None
     if classify(op, spec, acc)[0] != "matmul":
         return None
-    return PanelPlan(a_rows, b_rows, tile_at)
+    return PanelPlan(a_rows, b_rows, tile_at, acc)
 
 
-def multiply_panels(plan: PanelPlan, a_tiles, b_tiles, out_block, acc_dtype) -> list:
+def multiply_panels(plan: PanelPlan, a_tiles, b_tiles, out_block) -> list:
     """Each output tile of the window, from one product of its panels (in the caller's matmul
-    precision), accumulated in ``acc_dtype`` (float32 for bf16/f16 blocks, as the per-block fold)."""
+    precision), accumulated in ``plan.acc_dtype``."""
     a = jnp.concatenate([jnp.concatenate([a_tiles[r] for r in rows], axis=1) for rows in plan.a_rows], axis=0)
     b = jnp.concatenate([jnp.concatenate([b_tiles[r] for r in rows], axis=0) for rows in plan.b_rows], axis=1)
-    product = jnp.matmul(a, b, preferred_element_type=acc_dtype)
+    product = jnp.matmul(a, b, preferred_element_type=plan.acc_dtype)
     bm, bn = out_block
     return [product[r * bm:(r + 1) * bm, c * bn:(c + 1) * bn] for r, c in plan.tile_at]

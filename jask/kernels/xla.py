@@ -90,8 +90,7 @@ def compile_window_tiles(op, spec, table, valid, carried=()):
         incoming = dict(zip(carried, flat[bounds[-1]:]))
         with jax.default_matmul_precision(prec):
             if panels is not None:
-                acc_dtype = widen_dtype(jnp.result_type(*spec.leaf_dtypes))
-                outs = multiply_panels(panels, rows[0], rows[1], spec.out_block, acc_dtype)
+                outs = multiply_panels(panels, rows[0], rows[1], spec.out_block)
                 return [out if i not in incoming else jnp.asarray(op.combine(incoming[i], out)).astype(out.dtype)
                         for i, out in enumerate(outs)]
             outs = []
