@@ -48,10 +48,13 @@ class Config:
     and folders before its commit rename and the parent folder after it
     (:mod:`jask.io.durable`). ``JASK_DURABILITY`` sets the default.
 
-    ``read_mmap``: read whole uncompressed, unsharded chunks as read-only maps
-    of their files instead of copies (:meth:`jask.io.reader.TileReader.map_chunk`);
-    ``JASK_READ_MMAP=1`` sets the default. Off by default: a chunk file another
-    tool truncates in place while mapped kills the process with SIGBUS.
+    ``read_mmap``: read whole uncompressed, unsharded chunks in the page cache
+    as read-only maps of their files instead of copies
+    (:meth:`jask.io.reader.TileReader.map_chunk`). ``"auto"`` (default) maps a
+    file only under a read lease (:mod:`jask.io.leases`), which keeps another
+    program from truncating it in place while it is mapped (that would end the
+    process with SIGBUS); ``True`` maps also where the kernel grants no lease;
+    ``False`` never maps. ``JASK_READ_MMAP`` (``auto``, ``1``/``on``, ``0``/``off``) sets the default.
     """
 
     memory_budget: int = parse_bytes(os.environ.get("JASK_MEMORY_BUDGET", "512MB"))
@@ -70,7 +73,18 @@ class Config:
     # bytes compiled window programs may hold; None: max(budget / 4, 256 MiB) (jask.exec.program_cache)
     program_cache: int | None = (parse_bytes(os.environ["JASK_PROGRAM_CACHE"])
                                  if os.environ.get("JASK_PROGRAM_CACHE") else None)
-    read_mmap: bool = os.environ.get("JASK_READ_MMAP", "").lower() in ("1", "true", "yes", "on")
+    read_mmap: bool | str = dataclasses.field(default_factory=lambda: _read_mmap_from_env())
+
+
+def _read_mmap_from_env() -> bool | str:
+    value = os.environ.get("JASK_READ_MMAP", "auto").strip().lower()
+    if value in ("", "auto"):
+        return "auto"
+    if value in ("1", "true", "yes", "on"):
+        return True
+    if value in ("0", "false", "no", "off"):
+        return False
+    raise ValueError(f"JASK_READ_MMAP={value!r}: use auto, on (1) or off (0)")
 
 
 config = Config()
@@ -108,8 +122,8 @@ def update(name: str, value) -> None:
             raise ValueError(f"tile must be a positive int or None, got {value!r}")
     elif name == "durability":
         durable.check_mode(value)
-    elif name == "read_mmap" and not isinstance(value, bool):
-        raise TypeError(f"read_mmap must be True or False, got {value!r}")
+    elif name == "read_mmap" and not isinstance(value, bool) and value != "auto":
+        raise TypeError(f"read_mmap must be True, False or 'auto', got {value!r}")
     elif name == "scratch_dir" and value is not None:
         scratch.check_scratch_dir(value, config.allow_tmpfs)
     setattr(config, name, value)

@@ -13,7 +13,7 @@ import pytest
 import zarr
 
 import jask
-from jask.io import maps
+from jask.io import leases, maps
 from jask.io.prefetch import Prefetcher
 from jask.io.reader import CorruptChunkError, MissingChunkError, TileKey, TileReader
 from jask.io.store import PendingStore
@@ -43,9 +43,28 @@ def _maps_of(folder) -> int:
 
 @pytest.fixture
 def read_mmap():
-    jask.config.update("read_mmap", True)
-    yield
-    jask.config.update("read_mmap", False)
+    jask.config.update("read_mmap", True)   # the autouse settings fixture restores the default after
+
+
+def _leases_work(folder) -> bool:
+    """Whether the kernel grants this process read leases on files in ``folder``."""
+    probe = os.path.join(folder, "lease-probe")
+    with open(probe, "wb") as f:
+        f.write(b"x")
+    fd = os.open(probe, os.O_RDONLY)
+    try:
+        return leases.take(fd)
+    finally:
+        os.close(fd)
+        os.unlink(probe)
+
+
+@pytest.fixture
+def leased(tmp_path, monkeypatch):
+    """Leases work here, and "auto" maps this file's tiny test chunks too (it maps chunks of 4 MiB and up)."""
+    if not _leases_work(tmp_path):
+        pytest.skip("this kernel or filesystem grants no read leases (F_SETLEASE): 'auto' reads every chunk")
+    monkeypatch.setattr(maps, "AUTO_MIN_BYTES", 0)
 
 
 @pytest.mark.parametrize("dtype", [np.float32, np.uint8, ml_dtypes.bfloat16])
@@ -181,5 +200,161 @@ def test_mapped_tile_keeps_the_opened_version_when_the_path_is_swapped(tmp_path,
 
 
 def test_setting_is_checked():
+    assert jask.config.config.read_mmap == "auto", "the default"
+    for value in (True, False, "auto"):
+        jask.config.update("read_mmap", value)
     with pytest.raises(TypeError, match="read_mmap"):
         jask.config.update("read_mmap", "yes")
+
+
+@pytest.mark.parametrize("value,want", [("", "auto"), ("auto", "auto"), ("1", True), ("on", True),
+                                        ("0", False), ("off", False)])
+def test_environment_sets_the_default(monkeypatch, value, want):
+    from jask.config import _read_mmap_from_env
+    monkeypatch.setenv("JASK_READ_MMAP", value)
+    assert _read_mmap_from_env() == want
+    monkeypatch.setenv("JASK_READ_MMAP", "sometimes")
+    with pytest.raises(ValueError, match="JASK_READ_MMAP"):
+        _read_mmap_from_env()
+
+
+def _fds_on(folder) -> int:
+    folder = os.path.realpath(folder)
+    n = 0
+    for fd in os.listdir("/proc/self/fd"):
+        try:
+            n += os.readlink(f"/proc/self/fd/{fd}").startswith(folder)
+        except OSError:
+            pass
+    return n
+
+
+def test_auto_maps_warm_chunks_under_a_lease_and_lets_go_of_them(tmp_path, leased, small_tiles):
+    """The default maps warm chunks, each under a lease whose file is closed with its map."""
+    a = np.random.default_rng(5).standard_normal((16, 24)).astype(np.float32)
+    jask.from_numpy(a).to_zarr(tmp_path / "x.zarr", chunks=(4, 4))
+    x = jask.from_zarr(tmp_path / "x.zarr")
+    before = leases.counts()["taken"]
+    maps.reset_peak()
+    np.testing.assert_allclose(float(jask.sum(x)), a.sum(dtype=np.float64), rtol=1e-5)
+    assert maps.live()["peak_bytes"] > 0, "warm chunks under a lease should be mapped by default"
+    assert leases.counts()["taken"] - before >= 24, "every mapped chunk is leased (24 tiles)"
+    gc.collect()
+    assert maps.live()["maps"] == 0 and leases.counts()["live"] == 0
+    assert _maps_of(tmp_path) == 0 and _fds_on(tmp_path / "x.zarr" / "c") == 0, "a chunk file is left open"
+
+
+def test_a_chunk_someone_has_open_for_writing_is_read_under_auto(tmp_path, leased):
+    """The kernel grants no read lease on a file open for writing: "auto" reads it, True maps it anyway."""
+    a = np.arange(64, dtype=np.float32).reshape(8, 8)
+    store = _write(tmp_path / "a.zarr", a)
+    region = _regions(a.shape, CHUNK)[0]
+    writer = os.open(tmp_path / "a.zarr" / "c" / "0" / "0", os.O_WRONLY)
+    try:
+        refused = leases.counts()["refused"]
+        assert TileReader(store).map_chunk(region, lease_only=True) is None
+        assert leases.counts()["refused"] == refused + 1
+        view = TileReader(store).map_chunk(region)
+        np.testing.assert_array_equal(view, a)
+        del view
+    finally:
+        os.close(writer)
+    view = TileReader(store).map_chunk(region, lease_only=True)
+    np.testing.assert_array_equal(view, a)
+    del view
+    gc.collect()
+    assert maps.live()["maps"] == 0
+
+
+TRUNCATE_IN_PLACE = """
+import os, sys, time
+t0 = time.monotonic()
+fd = os.open(sys.argv[1], os.O_WRONLY | os.O_TRUNC)   # waits while another process holds a read lease
+os.write(fd, b"\\0" * 16)
+os.close(fd)
+print(time.monotonic() - t0)
+"""
+
+TOUCH_AFTER_TRUNCATION = """
+import os, subprocess, sys
+import numpy as np
+from jask.io import leases, maps
+path, guard = sys.argv[1], sys.argv[2] == "lease"
+fd = os.open(path, os.O_RDONLY)
+nbytes = os.fstat(fd).st_size
+assert not guard or leases.take(fd)
+m = maps.map_file(fd, nbytes)
+view = np.frombuffer(m, np.float32)
+if guard:
+    leases.watch(m, fd, view.ctypes.data, nbytes)
+else:
+    os.close(fd)
+before = float(view.sum())
+subprocess.run([sys.executable, "-c", sys.argv[3], path], check=True, timeout=30)
+print(os.path.getsize(path), before, float(view.sum()), leases.counts()["released_for_writers"], flush=True)
+"""
+
+
+def test_a_writer_truncating_a_mapped_chunk_in_place_cannot_kill_the_reader(tmp_path, leased):
+    """Without a lease, truncating a mapped file in place kills the process that maps it (SIGBUS) at its
+    next touch; under the lease the writer waits until the map is made private, and the tile keeps
+    the bytes it was opened with. Both in child processes, so the first can die."""
+    import signal
+    import subprocess
+    import sys
+    data = np.arange(64 * 1024, dtype=np.float32)
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [root, os.environ.get("PYTHONPATH")])))
+    outcomes = {}
+    for guard in ("none", "lease"):
+        path = tmp_path / f"chunk-{guard}"
+        data.tofile(path)
+        out = subprocess.run([sys.executable, "-c", TOUCH_AFTER_TRUNCATION, str(path), guard, TRUNCATE_IN_PLACE],
+                             capture_output=True, text=True, timeout=60, env=env)
+        outcomes[guard] = out
+    assert outcomes["none"].returncode == -signal.SIGBUS, (outcomes["none"].returncode, outcomes["none"].stderr)
+    lease = outcomes["lease"]
+    assert lease.returncode == 0, lease.stderr
+    size, before, after, released = lease.stdout.split()[-4:]   # the writer prints its wait first
+    assert int(size) == 16, "the writer did truncate and rewrite the file"
+    assert float(before) == float(after) == float(data.sum(dtype=np.float64)), "the tile kept its bytes"
+    assert int(released) == 1, "the watcher released the lease for the writer"
+    waited = float(lease.stdout.split()[0])
+    assert waited < 20, f"the writer waited {waited} s: the watcher should release within {leases.POLL_S} s"
+
+
+
+def test_auto_maps_only_for_tiles_used_on_the_host(tmp_path, leased):
+    """Tiles bound for an accelerator are read under "auto" (a mapped tile's copy to a TPU v5e ran at
+    0.66x a read's); ``True`` still maps them."""
+    a = np.random.default_rng(6).standard_normal((16, 24)).astype(np.float32)
+    store = _write(tmp_path / "a.zarr", a)
+    regions = _regions(a.shape, CHUNK)
+    mapped = {}
+    for value, host in (("auto", False), ("auto", True), (True, False)):
+        jask.config.update("read_mmap", value)
+        maps.reset_peak()
+        with Prefetcher([(TileKey(0, i), (store, r)) for i, r in enumerate(regions)], depth=2,
+                        host_consumer=host) as p:
+            got = [block.copy() for _, block in p]
+        for g, r in zip(got, regions):
+            np.testing.assert_array_equal(g, a[r])
+        mapped[value, host] = maps.live()["peak_bytes"] > 0
+    assert mapped == {("auto", False): False, ("auto", True): True, (True, False): True}
+
+
+def test_auto_reads_chunks_below_its_size_threshold(tmp_path, leased, monkeypatch):
+    """A map costs a fixed 120-160 us: "auto" maps chunks of ``AUTO_MIN_BYTES`` and up, and reads smaller ones."""
+    a = np.random.default_rng(7).standard_normal((16, 24)).astype(np.float32)
+    store = _write(tmp_path / "a.zarr", a)
+    regions = _regions(a.shape, CHUNK)
+    mapped = []
+    for threshold in (8 * 8 * 4 + 1, 8 * 8 * 4):
+        monkeypatch.setattr(maps, "AUTO_MIN_BYTES", threshold)
+        maps.reset_peak()
+        with Prefetcher([(TileKey(0, i), (store, r)) for i, r in enumerate(regions)], depth=2) as p:
+            got = [block.copy() for _, block in p]
+        for g, r in zip(got, regions):
+            np.testing.assert_array_equal(g, a[r])
+        mapped.append(maps.live()["peak_bytes"] > 0)
+    assert mapped == [False, True]

@@ -3,7 +3,7 @@
 # network): install the carried wheels, then run each check capped, logs to $OUT.
 # From the project root: bash tpu_tests/tpu-check.sh [STEPS]   carry: [".whl-tpu"]
 # STEPS is a comma list of env,hw,kernels,demo,bench,tests (default all, about 17 minutes capped: split it over
-# two calls, e.g. env,hw,kernels,demo then bench,tests). Also: probe (tpu_tests/transfer_probe.py: reads,
+# two calls, e.g. env,hw,kernels,demo then bench,tests). Also grad: the grad workload at 1 GiB (GRAD_CAP, 240 s). Also: probe (tpu_tests/transfer_probe.py: reads,
 # host-to-device copies, jask.sum on chip and host, jit(value_and_grad) bytes), tests1 (the whole CPU suite but
 # test_kernels/test_ops/test_properties, 420 s cap; TESTS1_FILES and TESTS1_CAP change them) and tests2 (test_ops and
 # test_kernels, 400 s cap; TESTS2_CAP).
@@ -45,8 +45,12 @@ if want demo; then
     timeout 120 python3 -m jask.demo --data_dir=$SCR/demo4 --rows=8388608 --features=128 --budget=1GB --steps=3; echo "rc=$?"; } > "$OUT/demo.log" 2>&1
 fi
 if want bench; then
-  el bench; timeout 180 python3 -m jask.bench --workload=sum,grad --gib=2 --budget=2GB --repeat=2 --peers=jnp,raw-io --cache=warm --read_mmap=off,on --data_dir=$SCR/bd --out=$SCR/bout > "$OUT/bench.log" 2>&1; echo "rc=$?" >> "$OUT/bench.log"
+  el bench; timeout ${BENCH_CAP:-180} python3 -m jask.bench --workload=sum --gib=2 --budget=2GB --repeat=3 --peers=jnp,raw-io --cache=warm --read_mmap=off,auto,on --data_dir=$SCR/bd --out=$SCR/bout > "$OUT/bench.log" 2>&1; echo "rc=$?" >> "$OUT/bench.log"
   cp $SCR/bout/results.md "$OUT/bench_results.md" 2>/dev/null
+fi
+if want grad; then
+  el grad; timeout ${GRAD_CAP:-240} python3 -m jask.bench --workload=grad --gib=1 --budget=2GB --repeat=2 --peers=raw-io --cache=warm --data_dir=$SCR/gd --out=$SCR/gout > "$OUT/grad.log" 2>&1; echo "rc=$?" >> "$OUT/grad.log"
+  cp $SCR/gout/results.md "$OUT/grad_results.md" 2>/dev/null
 fi
 if want probe; then
   el probe; timeout 240 python3 tpu_tests/transfer_probe.py --gib=2 --scratch=$SCR/probe > "$OUT/probe.log" 2>&1; echo "rc=$?" >> "$OUT/probe.log"

@@ -6,7 +6,7 @@
     python -m jask.bench --workload=sum,dot --devices=1,2,4     # jask on 1, 2 and 4 local devices
     python -m jask.bench --workload=sum --processes=1,2         # and as 2 jax.distributed processes
     python -m jask.bench --store=s3 --remote_mib=256   # sum from a loopback S3 bucket vs raw GET
-    python -m jask.bench --workload=sum --cache=warm --peers=raw-io --read_mmap=off,on   # + a jask-mmap row
+    python -m jask.bench --workload=sum --cache=warm --peers=raw-io --read_mmap=auto,off   # + a jask-mmap-off row
 
 Workloads (one module each in :mod:`jask.bench.workloads`): ``sum``,
 ``elementwise`` ((a - b) * c + a to a new array), ``dot`` (n x n), ``grad``
@@ -75,8 +75,9 @@ flags.DEFINE_list("processes", ["1"], "jask also runs as this many processes of 
                   "loopback (CPU collectives), e.g. 1,2,4 (reported as jask-2proc, ...; process 0's figures).")
 flags.DEFINE_enum("durability", "process", ["process", "power"], "jask.config durability in every system's "
                   "subprocess (JASK_DURABILITY): 'power' fsyncs each committed store (to_zarr, update_).")
-flags.DEFINE_list("read_mmap", ["off"], "jask's read_mmap setting (whole chunks read as maps): off, on, or both "
-                  "(off,on or on,off: jask runs once per value in that order, the 'on' rows named jask-mmap).")
+flags.DEFINE_list("read_mmap", ["auto"], "jask's read_mmap setting (whole chunks read as maps): auto (the "
+                  "default: maps under read leases only), on, off, or several (e.g. off,auto: jask runs once per "
+                  "value in that order; the first value's rows are named jask, the others' jask-mmap-<value>).")
 flags.DEFINE_float("rtol", 2e-3, "Relative tolerance for results agreeing between systems.")
 flags.DEFINE_enum("store", "local", ["local", "s3"], "local: the suite on local stores. s3: the remote-store "
                   "case instead (jask.bench.remote): sum of an array in a bucket on a loopback S3 server "
@@ -160,8 +161,9 @@ class Suite:
             system = f"jask-{raw['task']['devices']}dev"
         if system == "jask" and raw.get("task", {}).get("processes", 1) > 1:
             system = f"jask-{raw['task']['processes']}proc"
-        if system.startswith("jask") and raw.get("task", {}).get("read_mmap") and len(_mmap_settings()) > 1:
-            system += "-mmap"
+        mmap_value = raw.get("task", {}).get("read_mmap")
+        if system.startswith("jask") and mmap_value and mmap_value != _mmap_settings()[0]:
+            system += f"-mmap-{mmap_value}"
         entry = dict(case, system=system)
         if "skipped" in raw:
             entry["skipped"] = raw["skipped"]
@@ -217,9 +219,9 @@ def finish_case(entries, W):
     for e in ran:
         if jask and e["rate"]:
             e["jask_over"] = jask["rate"] / e["rate"]
-        if jask and jask["rate"] and e["system"].startswith("jask-") and not e["system"].endswith("-mmap"):
+        if jask and jask["rate"] and e["system"].startswith("jask-") and "-mmap-" not in e["system"]:
             e["over_one_device"] = e["rate"] / jask["rate"]
-    for j in (e for e in ran if e["system"] == "jask" or e["system"].endswith("-mmap")):
+    for j in (e for e in ran if e["system"] == "jask" or e["system"].startswith("jask-mmap-")):
         for limit in (W.LIMIT, "memcpy"):
             lim = next((e for e in ran if e["system"] == limit), None)
             if lim and lim["rate"]:
@@ -242,12 +244,13 @@ def _jask_variants() -> list[tuple[int, int]]:
             + [(1, p) for p in _counts(FLAGS.processes, "processes")[1:]])
 
 
-def _mmap_settings() -> list[bool]:
-    """The ``read_mmap`` values jask runs with, in the order given."""
+def _mmap_settings() -> list[str]:
+    """The ``read_mmap`` values jask runs with (``off``, ``on``, ``auto``), in the order given."""
     chosen = [v.strip() for v in FLAGS.read_mmap if v.strip()]
-    if not chosen or any(v not in ("off", "on") for v in chosen) or len(set(chosen)) < len(chosen):
-        raise app.UsageError(f"--read_mmap takes off, on, off,on or on,off; got {FLAGS.read_mmap}")
-    return [v == "on" for v in chosen]
+    if not chosen or any(v not in ("off", "on", "auto") for v in chosen) or len(set(chosen)) < len(chosen):
+        raise app.UsageError(f"--read_mmap takes distinct values of off, on and auto (e.g. off,auto); "
+                             f"got {FLAGS.read_mmap}")
+    return chosen
 
 
 def _run_settings(suite: Suite):
@@ -273,7 +276,7 @@ def run_suite(suite: Suite):
     variants = _jask_variants()
     mmaps = _mmap_settings()
     labels = ["jask", *(f"jask-{d}dev" if d > 1 else f"jask-{p}proc" for d, p in variants[1:])]
-    labels = (labels + [f"{x}-mmap" for x in labels] if len(mmaps) > 1 else labels) + systems[1:]
+    labels = labels + [f"{x}-mmap-{m}" for m in mmaps[1:] for x in labels] + systems[1:]
     data_dir, fstype, on_ram, isolate, repeat, warmup = _run_settings(suite)
     budget = suite.budget
     pending = []   # (case, entries, tasks, W) for isolate == "system"
@@ -299,10 +302,10 @@ def run_suite(suite: Suite):
                         continue
                     tasks += [harness.Task(
                         workload=W.NAME, size=params["label"], params=params, system=system, paths=paths,
-                        work_dir=os.path.join(root, f"work-{system}-{d}-{pr}-{mm:d}-{cache}"), cache=cache,
+                        work_dir=os.path.join(root, f"work-{system}-{d}-{pr}-{mm}-{cache}"), cache=cache,
                         repeat=repeat, warmup=warmup, budget=budget, tile=tile, backend=FLAGS.backend,
                         time_cap=FLAGS.time_cap, allow_tmpfs=on_ram, devices=d, processes=pr, read_mmap=mm)
-                        for mm in (mmaps if system == "jask" else [False])
+                        for mm in (mmaps if system == "jask" else ["off"])
                         for d, pr in (variants if system == "jask" else [(1, 1)])]
                 if isolate == "task":
                     for task in tasks:

@@ -66,7 +66,7 @@ class Task:
     allow_tmpfs: bool = False
     devices: int = 1               # jask: local devices a pass spreads over (CPU: forced host devices)
     processes: int = 1             # jask: processes of a jax.distributed run on loopback sharing each pass
-    read_mmap: bool = False        # jask: the read_mmap setting (whole chunks read as maps)
+    read_mmap: str = "auto"        # jask: the read_mmap setting (whole chunks read as maps): off, on, auto
 
 
 # ---------------------------------------------------------------- memory and I/O counters

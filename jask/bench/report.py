@@ -177,7 +177,7 @@ def markdown(suite) -> str:
                           f"{c.get('bytes_read', 0) / 1e9:.2f} GB, wrote {c.get('bytes_written', 0) / 1e9:.2f} GB"
                           + (f", {extra} s" if extra else "") + f"; first run {j['raw']['first_s'] or 0:.2f} s "
                           "(includes compilation)"]
-            for r in (e for e in entries if e["system"] == "jask" or e["system"].endswith("-mmap")):
+            for r in (e for e in entries if e["system"] == "jask" or e["system"].startswith("jask-mmap-")):
                 lim = r.get("jask_over_limit")
                 if lim:
                     lines += ["", f"{r['system']}/limit: " + ", ".join(f"{r['system']}/{k} = {x:.2f}"

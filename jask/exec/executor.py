@@ -146,7 +146,8 @@ class Executor:
             count(**counts, bytes_by_device={dev: counts.get("bytes_read", 0)}, tiles_by_device={dev: 1})
 
         with Prefetcher(requests, depth=depth, count=count_read, place=place,
-                        retain_bytes=config.memory_budget // RETAINED_READ_BUFFERS_SHARE) as stream:
+                        retain_bytes=config.memory_budget // RETAINED_READ_BUFFERS_SHARE,
+                        host_consumer=all(d.platform == "cpu" for d in self.devices)) as stream:
             def take(key):
                 got, block = next(stream)
                 if got != key:

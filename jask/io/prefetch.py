@@ -11,6 +11,7 @@ from __future__ import annotations
 import threading
 import time
 
+from jask.io import maps
 from jask.io.layout import describe_region
 from jask.io.buffers import shared_pool
 from jask.io.settings import setting
@@ -38,6 +39,10 @@ class Prefetcher:
         Reader threads (default ``min(depth, 2)``).
     place : callable, optional
         Applied to each value on the reader thread, e.g. ``jax.device_put``.
+    host_consumer : bool
+        Whether the tiles are used on the host (CPU compute): only then does
+        ``read_mmap="auto"`` map chunks (on a TPU v5e a mapped tile's copy to
+        the chip ran slower than a read's).
     retain_bytes : int, optional
         Free read buffers left in the process's shared pool when the prefetcher
         closes, for the next pass to reuse (default 0: all dropped).
@@ -52,11 +57,12 @@ class Prefetcher:
     """
 
     def __init__(self, requests, depth: int = 2, threads: int | None = None, place=None, count=None,
-                 retain_bytes: int = 0):
+                 retain_bytes: int = 0, host_consumer: bool = True):
         if int(depth) < 1:
             raise ValueError(f"Prefetcher depth must be at least 1, got {depth!r}")
         self.depth = int(depth)
         self.place = place
+        self.host_consumer = bool(host_consumer)
         self.count = count
         self.max_held = 0
         self.held = 0
@@ -131,8 +137,12 @@ class Prefetcher:
             return read()
         store, region = read
         reader = reader_for(store)
-        if setting("read_mmap", False) and hasattr(reader, "map_chunk"):
-            mapped = reader.map_chunk(region)
+        mode = setting("read_mmap", False)
+        if mode == "auto" and not self.host_consumer:
+            mode = False       # copied to an accelerator: a map measured slower there than a read (DESIGN.md)
+        if mode and hasattr(reader, "map_chunk"):
+            auto = mode == "auto"   # leased maps of large chunks only (small ones read faster)
+            mapped = reader.map_chunk(region, lease_only=auto, min_bytes=maps.AUTO_MIN_BYTES if auto else 0)
             if mapped is not None:
                 return mapped
         out = self.pool.get(tuple(s.stop - s.start for s in region), reader.dtype, keep=self.keep,

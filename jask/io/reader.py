@@ -37,7 +37,7 @@ from typing import NamedTuple
 
 import numpy as np
 
-from jask.io import dtypes, faults, maps
+from jask.io import dtypes, faults, leases, maps
 from jask.io.buffers import aligned_empty
 from jask.io.layout import MAX_UINT64, ChunkLayout, covering, describe_region
 from jask.io.pins import folder_deleted
@@ -215,7 +215,7 @@ class TileReader:
         finally:
             os.close(fd)
 
-    def map_chunk(self, region) -> np.ndarray | None:
+    def map_chunk(self, region, lease_only: bool = False, min_bytes: int = 0) -> np.ndarray | None:
         """``region`` as a read-only view of its mapped chunk file, or None to :meth:`read` it instead.
 
         Only for an uncompressed, unsharded store, and a region that is one
@@ -225,10 +225,15 @@ class TileReader:
         :meth:`read` then fills it or raises its usual error. A missing chunk of
         a jask store raises :class:`MissingChunkError` here. The map is unmapped
         when the view and everything referring to its memory are gone.
+
+        The file is mapped under a read lease where the kernel grants one
+        (:mod:`jask.io.leases`: a writer truncating it in place then waits, and
+        the tile keeps its bytes); ``lease_only`` maps nothing without one.
+        Chunks smaller than ``min_bytes`` are read.
         """
         lay, region = self.layout, tuple(region)
         nbytes = self._chunk_nbytes() if lay.mode == "chunk" else 0
-        if not nbytes or len(region) != len(lay.chunk):
+        if not nbytes or nbytes < min_bytes or len(region) != len(lay.chunk):
             return None
         coords = tuple(s.start // n for s, n in zip(region, lay.chunk))
         if any(s.start != c * n or s.stop != min((c + 1) * n, d)
@@ -240,14 +245,21 @@ class TileReader:
         if fd is None:
             return None
         try:
+            leased = leases.take(fd)   # first: from here on nobody changes the file in place under us
+            if not leased and lease_only:
+                return None
             # not in the page cache: one large read beats faulting a map in
             if os.fstat(fd).st_size != nbytes or not maps.in_page_cache(fd, nbytes):
                 return None
             if faults.hook is not None:
                 faults.fire("before_tile_read", path=self.path, region=region)
             mapped = maps.map_file(fd, nbytes)
+            if leased:
+                leases.watch(mapped, fd, np.frombuffer(mapped, np.uint8).ctypes.data, nbytes)
+                fd = -1          # the watcher closes it once the map is gone
         finally:
-            os.close(fd)
+            if fd >= 0:
+                os.close(fd)
         chunk = np.frombuffer(mapped, lay.dtype).reshape(lay.chunk)
         return dtypes.to_logical(chunk[tuple(slice(0, s.stop - s.start) for s in region)], self.dtype)
 
