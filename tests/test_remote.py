@@ -5,10 +5,12 @@ and are skipped, saying why, where moto[server] or s3fs is not installed; the
 memory://, file:// and URL-error tests need neither.
 """
 import gc
+import json
 import os
 import signal
 import subprocess
 import sys
+import time
 
 import jax
 import jax.numpy as jnp
@@ -218,7 +220,45 @@ def test_scratch_on_an_object_store():
     assert fs.find("/jask-test-scratch")
     del x, y
     gc.collect()
-    assert fs.find("/jask-test-scratch") == []
+    left = fs.find("/jask-test-scratch")
+    assert len(left) == 1 and left[0].endswith("/heartbeat"), "only the process folder's heartbeat stays"
+
+
+def _put(fs, path, doc=None):
+    with fs.open(path, "wb") as f:
+        f.write(json.dumps(doc or {}).encode())
+
+
+def test_dead_processes_scratch_folders_in_a_bucket_are_swept(monkeypatch):
+    """A process folder in an object-store scratch dir whose heartbeat stopped (or never was) is deleted
+    at the next process's first use of that dir and by cleanup_scratch; live ones and other keys stay."""
+    import fsspec
+    from jask.io import remote_scratch
+    fs = fsspec.filesystem("memory")
+    root = "/jask-test-scratch-sweep"      # memory:// URLs name it without the leading slash
+    now = time.time()
+    _put(fs, f"{root}/jask-11-deadbeef/heartbeat", {"time": now - remote_scratch.STALE_S - 5})
+    _put(fs, f"{root}/jask-11-deadbeef/array-0.zarr/zarr.json")
+    _put(fs, f"{root}/jask-12-cafebabe/array-3.zarr/zarr.json")          # killed before its heartbeat
+    _put(fs, f"{root}/jask-13-0badf00d/heartbeat", {"time": now})        # alive, on some other host
+    _put(fs, f"{root}/jask-13-0badf00d/array-1.zarr/zarr.json")
+    _put(fs, f"{root}/notes/readme.json")                                 # not a process folder
+    monkeypatch.setattr(remote_scratch, "HEARTBEAT_S", 0.05)
+    jask.config.update("scratch_dir", f"memory:/{root}")
+    y = jask.persist(jask.from_numpy(np.ones((4, 4), np.float32)) * 2)
+    folders = {p.split("/")[2] for p in fs.find(root)}
+    own = [f for f in folders if f.startswith(f"jask-{os.getpid()}-")]
+    assert folders == {"jask-13-0badf00d", "notes", *own} and len(own) == 1
+    beat = json.loads(fs.cat(f"{root}/{own[0]}/heartbeat"))["time"]
+    time.sleep(0.3)
+    assert json.loads(fs.cat(f"{root}/{own[0]}/heartbeat"))["time"] > beat, "the heartbeat is renewed"
+    assert jask.cleanup_scratch() == []
+    _put(fs, f"{root}/jask-13-0badf00d/heartbeat", {"time": now - remote_scratch.STALE_S - 5})   # it died
+    assert jask.cleanup_scratch() == [f"memory:/{root}/jask-13-0badf00d"]
+    assert {p.split("/")[2] for p in fs.find(root)} == {"notes", *own}, "its own folder is never swept"
+    np.testing.assert_array_equal(np.asarray(y), 2.0)
+    del y
+    fs.rm(f"{root}/notes", recursive=True)
 
 
 def test_local_output_with_object_store_scratch_and_cleanup_of_url_roots(tmp_path, monkeypatch):
@@ -425,3 +465,36 @@ def test_a_version_removal_fired_inside_an_event_loop_runs_on_a_thread_of_its_ow
         remote._remove_off_loop(remove, ("loop",))
     asyncio.run(in_loop())
     assert done.wait(5) and ran[-1] == ("loop", "jask-remove-version")
+
+
+_SCRATCH_CHILD = """
+import sys, time, numpy as np, jask
+jask.config.update("scratch_storage_options", {"key": "testing", "secret": "testing", "endpoint_url": sys.argv[2]})
+jask.config.update("scratch_dir", sys.argv[1])
+y = jask.persist(jask.from_numpy(np.ones((8, 8), np.float32)) * 2)    # a scratch store in the bucket
+print("ready", flush=True)
+time.sleep(600)
+"""
+
+
+@needs_moto
+def test_a_killed_process_scratch_folder_in_a_bucket_is_swept_by_another(s3, monkeypatch):
+    """A process killed while its scratch stores live in a bucket leaves its folder; once its heartbeat
+    is stale, another process's cleanup_scratch deletes it (no pid can say so across hosts)."""
+    from jask.io import remote_scratch
+    url = f"s3://{BUCKET}/scratch-kill"
+    child = subprocess.Popen([sys.executable, "-c", _SCRATCH_CHILD, url, s3.endpoint],
+                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        assert child.stdout.readline().strip() == "ready", child.stderr.read()[-2000:]
+    finally:
+        child.kill()
+        child.wait(timeout=30)
+    folders = {k.split("/")[1] for k in _keys(s3, "scratch-kill/")}
+    assert len(folders) == 1 and next(iter(folders)).startswith(f"jask-{child.pid}-")
+    jask.config.update("scratch_storage_options", s3.storage_options())
+    jask.config.update("scratch_dir", url)
+    assert jask.cleanup_scratch() == [], "a fresh heartbeat means a live owner"
+    monkeypatch.setattr(remote_scratch, "STALE_S", 0.0)    # as if STALE_S had passed
+    assert jask.cleanup_scratch() == [f"{url}/{next(iter(folders))}"]
+    assert _keys(s3, "scratch-kill/") == []

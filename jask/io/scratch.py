@@ -13,7 +13,8 @@ it are deleted when the arrays that own them are garbage collected, and the
 folder itself at interpreter exit. Folders whose owner is gone (a killed
 process) are removed the next time any process uses the same scratch dir, and
 with them the temporaries that process left beside the user paths it wrote
-(listed in its folder's ``targets`` file).
+(listed in its folder's ``targets`` file). In an object store, shared by many
+hosts, the owner's liveness is its heartbeat object (:mod:`jask.io.remote_scratch`).
 """
 from __future__ import annotations
 
@@ -24,7 +25,7 @@ import secrets
 import shutil
 import tempfile
 
-from jask.io import resumable_scratch, urls
+from jask.io import remote_scratch, resumable_scratch, urls
 from jask.io.settings import current as _current_settings
 from jask.io.owners import owner_gone
 from jask.io.recovery import recover
@@ -194,7 +195,10 @@ def process_dir() -> str:
     if isinstance(root, urls.Location):   # an object store: each store deletes itself when freed (jask.io.remote)
         root = root.url
         if _process_dir is None or not _process_dir.startswith(root.rstrip("/") + "/"):
-            _process_dir = f"{root.rstrip('/')}/jask-{os.getpid()}-{secrets.token_hex(4)}"
+            folder = f"jask-{os.getpid()}-{secrets.token_hex(4)}"
+            remote_scratch.sweep(root, storage_options())        # dead processes' folders, by heartbeat
+            remote_scratch.start(root, folder, storage_options())
+            _process_dir = f"{root.rstrip('/')}/{folder}"
         return _process_dir
     if _process_dir is None or os.path.dirname(_process_dir) != os.path.abspath(root):
         check_scratch_dir(root, _current_settings().allow_tmpfs)
@@ -246,12 +250,16 @@ def cleanup_scratch(root: str | None = None, paths=()) -> list[str]:
     ``to_zarr(..., resume=True)`` could continue, and what killed ``persist(...,
     resume=True)`` calls left under ``<root>/resume``. Only leftovers whose owner
     process has ended are touched (:mod:`jask.io.owners`). ``root`` may be a
-    ``file://`` URL. A scratch dir on an object store (``s3://...``) is not
-    swept: its stores delete themselves when freed, but what a killed process
-    left under ``<root>/jask-PID-TOKEN/`` stays (delete it with the store's tools).
+    ``file://`` URL. Under a scratch dir on an object store (``s3://...``), the
+    folders of processes whose heartbeat stopped (:mod:`jask.io.remote_scratch`)
+    are removed, whichever host ran them; their URLs are returned.
     """
     root = urls.parse(root or _default_root(), "scratch_dir")
-    removed = [] if isinstance(root, urls.Location) else remove_stale(root, keep_resumable=False)
+    if isinstance(root, urls.Location):
+        own = _process_dir.rsplit("/", 1)[-1] if _process_dir and urls.is_url(_process_dir) else None
+        removed = remote_scratch.sweep(root.url, storage_options(), keep=own)
+    else:
+        removed = remove_stale(root, keep_resumable=False)
     for p in paths:
         removed += recover(os.path.abspath(os.fspath(p)), keep_resumable=False)
     return removed
