@@ -71,6 +71,15 @@ WORKER = textwrap.dedent("""
             W.update_(W * 2.0 + 1.0)
         out["update"] = [p.bytes_read, p.bytes_written, p.tiles]
         out["W_after"] = np.asarray(W).tolist()
+        import gc                              # a scratch stage in the bucket: one store, written by halves
+        jask.config.update("scratch_storage_options", opts)
+        jask.config.update("scratch_dir", base + "-scratch")
+        with jask.profile() as p:
+            staged = jask.persist(X * 2.0 + 1.0)
+            out["stage_sum"] = float(jask.sum(staged))
+        out["stage"] = [p.bytes_read, p.bytes_written, staged._node.resolved().store.path]
+        del staged, p
+        gc.collect()                           # each process lets go; the last one deletes the stage
         print("RESULT" + json.dumps(out), flush=True)
         update_and_die(jask.from_zarr(base + "/K.zarr", mode="r+", storage_options=opts))
     elif len(sys.argv) > 5:                      # "kill": W in one-tile chunks, S in shards of 2 x 2 tiles
@@ -375,6 +384,16 @@ def test_two_processes_share_store_url_outputs_and_a_lost_one_leaves_the_old_ver
                                       want_w)
         for r in results:
             np.testing.assert_array_equal(np.array(r["W_after"], np.float32), want_w)
+        # a scratch stage in the bucket is shared across processes (as across hosts): one URL in process
+        # 0's scratch folder, each process writes half and reads half, and the last to let go deletes it
+        assert results[0]["stage"][2] == results[1]["stage"][2], results
+        assert results[0]["stage"][2].startswith("s3://jask-mh/run-scratch/jask-"), results
+        assert [r["stage"][:2] for r in results] == [[X.nbytes, X.nbytes // 2]] * 2, results
+        assert results[0]["stage_sum"] == results[1]["stage_sum"]
+        np.testing.assert_allclose(results[0]["stage_sum"], (X * 2.0 + 1.0).sum(dtype=np.float64), rtol=1e-5)
+        left = server.client().list_objects_v2(Bucket="jask-mh", Prefix="run-scratch/").get("Contents", [])
+        assert sorted(o["Key"].split("/")[-1] for o in left) == ["heartbeat", "heartbeat"], \
+            [o["Key"] for o in left]          # the stage is gone; the killed processes' folders keep heartbeats
 
         def versions(name):
             listed = server.client().list_objects_v2(Bucket="jask-mh", Prefix=f"run/{name}.zarr/v-")

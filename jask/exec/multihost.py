@@ -23,7 +23,8 @@ outputs can be shared is cut into one contiguous share per process
   single file (one shard) leaves nothing to share: process 0 alone writes it
   (gathered when small, below, else computed whole everywhere).
 * A scratch stage (an intermediate the next pass reads): the same, in a store
-  in process 0's scratch folder that every process pins and reads (one host).
+  in process 0's scratch folder that every process reads: pinned on a local
+  disk (one host), or with a release marker per process in a bucket (any hosts).
 * A small output that cannot be written so (in memory, or a single tile a
   share boundary cuts; a gradient of weights): each process computes its share, the
   whole output is gathered and folded alike in every process (in the
@@ -31,7 +32,7 @@ outputs can be shared is cut into one contiguous share per process
   path: process 0 alone).
 
 Other passes (in-memory results of large arrays, custom ops and their gradients, large
-outputs of a single file, scratch stages on store URLs) run whole in every process, as in a
+outputs of a single file, local scratch stages across hosts) run whole in every process, as in a
 single-process run; of those, only process 0 writes a user path. See DESIGN.md.
 """
 from __future__ import annotations
@@ -51,7 +52,7 @@ from jask.graph.nodes import OpNode, StoredNode
 from jask.graph.op import CustomOp
 from jask.graph.tiling import block_at, block_shape, grid, region
 from jask.io import dtypes, faults
-from jask.io.remote import RemotePendingStore, VersionWriter, open_store
+from jask.io.remote import RemotePendingStore, VersionWriter, last_reader_deletes, open_store
 from jask.io.store import PendingStore
 from jask.io.writer import make_chunk_writer
 from jask.kernels.window import widen_dtype
@@ -123,8 +124,11 @@ def wrap_sinks(plan, group, sinks, tile):
         return [unshared(s) for s in sinks], (0, 1), None, None     # no index map to share by: run whole
     indices = list(itertools.product(*map(range, grid(group[0].shape, tile))))
     units = tile_units(plan, group, indices)
-    scratch_ok = one_host() and all(getattr(s, "adopt", True) and isinstance(s.pending, PendingStore)
-                                    for s in sinks if type(s) is ScratchSink)   # not scratch URLs
+    on_one_host = one_host()     # a collective: asked in every process alike
+    # a local scratch stage is shared on one host only; one in a bucket, across hosts
+    scratch_ok = all(getattr(s, "adopt", True) and (isinstance(s.pending, RemotePendingStore)
+                                                    or (on_one_host and isinstance(s.pending, PendingStore)))
+                     for s in sinks if type(s) is ScratchSink)
     blocks = [_file_block(s) if type(s) is PathSink else
               block_shape(n.shape, tile) if type(s) is ScratchSink and scratch_ok and _one_tile_chunks(s, n, tile)
               else None for n, s in zip(group, sinks)]
@@ -220,17 +224,26 @@ def gather_tiles(plan, node, tile, tiles):
 def shared_scratch(local, tile):
     """A scratch stage written by every process into one store, which every process then reads.
 
-    Process 0 places it in its scratch folder (which the others must see: only
-    when every process runs on one host, :func:`one_host`) under a *retired* name, and every
-    process pins it, so the last process to let go deletes it
-    (:mod:`jask.io.pins`), never one still reading.
+    Process 0 places it in its scratch folder, which the others must see. On a
+    local disk (only when every process runs on one host, :func:`one_host`) it
+    goes under a *retired* name, and every process pins it, so the last process
+    to let go deletes it (:mod:`jask.io.pins`), never one still reading. In a
+    bucket (a scratch URL, any hosts) each process leaves a release marker when
+    it lets go, and the one that finds every marker deletes it
+    (:func:`jask.io.remote.last_reader_deletes`).
     """
     from jask.exec.sinks import PathSink
     from jask.io import scratch
     local.abort()                                   # the per-process store is not used
     key = _next_key()
+    index, count = processes()
+    if isinstance(local.pending, RemotePendingStore):
+        url = _broadcast_text("share a scratch stage's URL",
+                              f"{scratch.process_dir()}/shared-{key}.zarr" if index == 0 else "")
+        sink = PathSink(local.node, tile, url, storage_options=scratch.storage_options())
+        return SharedPathSink(sink, key, adopt=local.node, readers=count)
     final = os.path.join(scratch.process_dir(), f".shared-{key}.zarr.jask-old-shared")
-    path = _broadcast_text("share a scratch stage's path", final if processes()[0] == 0 else "")
+    path = _broadcast_text("share a scratch stage's path", final if index == 0 else "")
     return SharedPathSink(PathSink(local.node, tile, path), key, adopt=local.node)
 
 
@@ -243,8 +256,8 @@ class SharedPathSink:
     ``shared=False``: the pass runs whole everywhere and only process 0 writes.
     """
 
-    def __init__(self, sink, key: str, shared: bool = True, adopt=None):
-        self.sink, self.key, self.shared, self.adopt = sink, key, shared, adopt
+    def __init__(self, sink, key: str, shared: bool = True, adopt=None, readers: int = 0):
+        self.sink, self.key, self.shared, self.adopt, self.readers = sink, key, shared, adopt, readers
         self.index, _ = processes()
         self.counts_io = shared or self.index == 0     # bytes this process writes
         self.writer = self.array = None
@@ -295,6 +308,8 @@ class SharedPathSink:
             return out
         # a shared scratch stage: pinned in every process before any may let go (the last one deletes it)
         barrier(f"jask-opened-{self.key}", f"open the shared scratch stage {path}")
+        if self.readers:          # a stage in a bucket: the last process to let go deletes it
+            last_reader_deletes(out, self.index, self.readers)
         stored = StoredNode(out)
         if isinstance(self.adopt, OpNode):
             self.adopt.set_result(stored)

@@ -23,7 +23,8 @@ import weakref
 
 import numpy as np
 import zarr
-from zarr.core.buffer.cpu import NDBuffer
+from zarr.core.buffer.cpu import Buffer, NDBuffer
+from zarr.core.sync import sync
 
 from jask.io import backends, dtypes, faults, versions
 from jask.io.layout import check_shards, describe_region
@@ -98,6 +99,7 @@ class RemoteStore(Store):
         self.writable = writable
         self.storage_options = storage_options
         self._pin = None
+        self._root = root
         self._lifetime = _Remover(versions.remove_prefix, root, "") if owned else None   # scratch: all of it
         if not owned:                                            # scratch URLs are never replaced
             _open.setdefault(self.path, weakref.WeakSet()).add(self)
@@ -145,6 +147,29 @@ def _retire(url: str, root, old_version) -> None:
     holder = _Remover(versions.remove_version, root, old_version)
     for st in readers:
         st._lifetime, st.owned, st.writable = holder, True, False
+
+
+RELEASED = ".released"   # under a shared scratch stage's URL: one key per process that let go of it
+
+
+def last_reader_deletes(store: RemoteStore, index: int, readers: int) -> None:
+    """``store`` is read by ``readers`` processes (any hosts): when this one (``index``) lets go it
+    writes ``<url>/.released/<index>``; whichever process then lists all ``readers`` markers deletes
+    the URL. Every process writes its marker before listing, so the last one to write sees them all
+    (object stores list what was written before), and no marker is written while its process reads."""
+    store.owned = False
+    store._lifetime = _Remover(_release, store._root, index, readers)
+
+
+def _release(root, index: int, readers: int) -> None:
+    try:
+        sync(root.set(f"{RELEASED}/{index}", Buffer.from_bytes(b"")))
+        async def markers():
+            return [k async for k in root.list_prefix(f"{RELEASED}/")]
+        if len(sync(markers())) >= readers:
+            versions.remove_prefix(root, "")
+    except Exception:     # best effort, as in any finalizer: the owner's scratch folder goes at its exit
+        pass
 
 
 class RemotePendingStore:
