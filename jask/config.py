@@ -76,15 +76,20 @@ class Config:
     read_mmap: bool | str = dataclasses.field(default_factory=lambda: _read_mmap_from_env())
 
 
-def _read_mmap_from_env() -> bool | str:
-    value = os.environ.get("JASK_READ_MMAP", "auto").strip().lower()
+def parse_read_mmap(text: str, source: str) -> bool | str:
+    """The ``read_mmap`` value a word names (``auto``, ``on``/``1``, ``off``/``0``); ``source`` names it in errors."""
+    value = text.strip().lower()
     if value in ("", "auto"):
         return "auto"
     if value in ("1", "true", "yes", "on"):
         return True
     if value in ("0", "false", "no", "off"):
         return False
-    raise ValueError(f"JASK_READ_MMAP={value!r}: use auto, on (1) or off (0)")
+    raise ValueError(f"{source}={value!r}: use auto, on (1) or off (0)")
+
+
+def _read_mmap_from_env() -> bool | str:
+    return parse_read_mmap(os.environ.get("JASK_READ_MMAP", "auto"), "JASK_READ_MMAP")
 
 
 config = Config()

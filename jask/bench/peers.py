@@ -131,7 +131,8 @@ class JaskRunner(Runner):
         jask.set_memory_budget(self.task.budget, scratch_dir=scratch, allow_tmpfs=self.task.allow_tmpfs)
         jask.config.update("tile", int(self.task.tile))
         jask.config.update("backend", self.task.backend)
-        jask.config.update("read_mmap", {"off": False, "on": True}.get(getattr(self.task, "read_mmap", "auto"), "auto"))
+        mmap_word = getattr(self.task, "read_mmap", "auto")
+        jask.config.update("read_mmap", jask.config.parse_read_mmap(mmap_word, "--read_mmap"))
         n = int(getattr(self.task, "devices", 1))
         if n > 1:
             have = self.jax.devices()

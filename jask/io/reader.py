@@ -254,13 +254,13 @@ class TileReader:
             if faults.hook is not None:
                 faults.fire("before_tile_read", path=self.path, region=region)
             mapped = maps.map_file(fd, nbytes)
+            chunk = np.frombuffer(mapped, lay.dtype).reshape(lay.chunk)
             if leased:
-                leases.watch(mapped, fd, np.frombuffer(mapped, np.uint8).ctypes.data, nbytes)
+                leases.watch(mapped, fd, chunk.ctypes.data, nbytes)
                 fd = -1          # the watcher closes it once the map is gone
         finally:
             if fd >= 0:
                 os.close(fd)
-        chunk = np.frombuffer(mapped, lay.dtype).reshape(lay.chunk)
         return dtypes.to_logical(chunk[tuple(slice(0, s.stop - s.start) for s in region)], self.dtype)
 
     def _chunk_nbytes(self):
