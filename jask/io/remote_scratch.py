@@ -69,9 +69,9 @@ def start(root_url: str, folder: str, storage_options=None) -> None:
 
 def age_s(root, folder: str) -> float | None:
     """Seconds since the folder's last heartbeat; None when it has none (or an unreadable one)."""
-    from jask.io.versions import _get
+    from jask.io.versions import read_key
     try:
-        raw = _get(root, f"{folder}/{HEARTBEAT}")
+        raw = read_key(root, f"{folder}/{HEARTBEAT}")
         return None if raw is None else time.time() - float(json.loads(raw.to_bytes())["time"])
     except Exception:
         return None

@@ -40,7 +40,8 @@ def new_version_name() -> str:
     return f"v-{int(time.time() * 1000):013d}-{secrets.token_hex(4)}"
 
 
-def _get(root, key: str):
+def read_key(root, key: str):
+    """The bytes of one object (a zarr Buffer), or None when it is missing."""
     return sync(root.get(key, prototype=default_buffer_prototype()))
 
 
@@ -51,9 +52,9 @@ def read_pointer(root, location: Location, what: str) -> str | None:
     :class:`RemoteAccessError`, a missing bucket :class:`BucketNotFoundError`.
     """
     try:
-        raw = _get(root, POINTER)
+        raw = read_key(root, POINTER)
         if raw is None:
-            if _get(root, ".zarray") is not None:
+            if read_key(root, ".zarray") is not None:
                 return ""
             backends.check_bucket(root, location, what)
             return None
