@@ -498,3 +498,48 @@ def test_a_killed_process_scratch_folder_in_a_bucket_is_swept_by_another(s3, mon
     monkeypatch.setattr(remote_scratch, "STALE_S", 0.0)    # as if STALE_S had passed
     assert jask.cleanup_scratch() == [f"{url}/{next(iter(folders))}"]
     assert _keys(s3, "scratch-kill/") == []
+
+
+_FINALIZER_IN_SYNC = """
+import gc, sys, time, weakref, concurrent.futures
+from zarr.core.sync import sync
+from jask.io import remote
+done = []
+def remove(tag):
+    async def one():
+        return 1
+    sync(one())
+    done.append(tag)
+class Cycle:
+    pass
+c = Cycle()
+c.me = c                                 # freed only by the garbage collector
+weakref.finalize(c, remote._remove_off_loop, remove, ("removed",))
+del c
+install = concurrent.futures._base._create_and_install_waiters
+def collecting(fs, return_when):         # the collector runs at an allocation inside sync's wait
+    gc.collect()
+    return install(fs, return_when)
+concurrent.futures._base._create_and_install_waiters = collecting
+async def outer():
+    import asyncio
+    await asyncio.sleep(0.1)
+    return "outer"
+print(sync(outer()))
+for _ in range(100):
+    if done:
+        break
+    time.sleep(0.05)
+print(done)
+"""
+
+
+def test_a_removal_the_collector_fires_inside_a_sync_wait_does_not_hang():
+    """A store freed by the garbage collector while this thread waits in zarr's ``sync`` (holding its
+    future's lock) is removed on a thread of its own: removing it in place hung a suite run."""
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [root, os.environ.get("PYTHONPATH")])))
+    out = subprocess.run([sys.executable, "-c", _FINALIZER_IN_SYNC], capture_output=True, text=True,
+                         timeout=120, env=env)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert out.stdout.split("\n")[:2] == ["outer", "['removed']"], out.stdout

@@ -18,6 +18,7 @@ the old version, as they were.
 from __future__ import annotations
 
 import asyncio
+import sys
 import threading
 import weakref
 
@@ -120,14 +121,28 @@ class _Remover:
 
 
 def _remove_off_loop(remove, args) -> None:
-    """``remove(*args)`` here, or on a thread of its own when this thread runs an event loop: a
-    finalizer may fire on zarr's I/O thread, where the blocking ``sync`` the removal uses is refused."""
+    """``remove(*args)`` here, or on a thread of its own where blocking here cannot end: a finalizer
+    may fire on zarr's I/O thread, where the blocking ``sync`` the removal uses is refused, or (from
+    the garbage collector, at any allocation) inside this thread's own ``sync`` wait, which then holds
+    its future's lock: the I/O loop, finishing that future, waits for the lock and never runs the
+    removal (a suite run hung so: a sweep's ``sync`` collected an older test's store)."""
     try:
         asyncio.get_running_loop()
     except RuntimeError:
-        remove(*args)
-        return
+        if not _inside_sync():
+            remove(*args)
+            return
     threading.Thread(target=remove, args=args, name="jask-remove-version", daemon=True).start()
+
+
+def _inside_sync() -> bool:
+    """Whether this thread is inside zarr's blocking ``sync`` (a frame of it is on the stack)."""
+    frame = sys._getframe(1)
+    while frame is not None:
+        if frame.f_code is sync.__code__:
+            return True
+        frame = frame.f_back
+    return False
 
 
 _open: dict[str, weakref.WeakSet] = {}
