@@ -63,3 +63,20 @@ def test_64bit_values_reach_the_device_whole(backend):
     X = np.full((300, 200), 2**40, dtype=np.int64)
     with jax.enable_x64(True):
         np.testing.assert_array_equal(np.asarray(jask.from_numpy(X) + jask.from_numpy(X)), X + X)
+
+
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+@pytest.mark.parametrize("tile", [1024, 1000])
+def test_products_of_large_tiles_compile_with_their_inner_blocks(tile, dtype):
+    """The TPU matmul plan takes (1024, 1024, 512) inner blocks at 1024^2 tiles and whole 1000-row blocks
+    at 1000^2 bf16 tiles (legality.Limits): Mosaic must compile them within the VMEM limit, with no
+    window sent to xla, and the table must reach each tile through the scalar-prefetched index maps."""
+    jask.config.update("backend", "pallas")
+    jask.config.update("tile", tile)
+    A, B = _data((2 * tile, 2 * tile), 6, dtype), _data((2 * tile, tile), 7, dtype)
+    with jask.profile() as p:
+        got = np.asarray(jask.from_numpy(A) @ jask.from_numpy(B)).astype(np.float32)
+    want = A.astype(np.float64) @ B.astype(np.float64)
+    tol = 2e-2 if dtype == "bfloat16" else 1e-4
+    np.testing.assert_allclose(got, want, rtol=tol, atol=tol * np.abs(want).max())
+    assert p.xla_fallback_calls == 0 and p.kernel_calls >= 1, (p.kernel_calls, p.xla_fallback_calls)
