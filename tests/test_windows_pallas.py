@@ -247,15 +247,26 @@ def test_gate_covers_the_ops_table():
                                                   "np_einsum_transpose")},
                  "np_matmul_inmemory_weight": "dot", "np_einsum_matmul": "dot", "np_einsum_batched": "dot_batched",
                  "np_einsum_full": "fused_sub_square_sum", "nn_relu_sigmoid": "np_elementwise"}
-    # issue-14 rows added 2026-12-05 (index arrays, masks, take, rechunking reshapes, broadcast_to, *_like):
-    # mapped to the nearest gate case until they get cases of their own (Roadmap). The gathers: Pallas has no
-    # gather lowering (legality.UNLOWERABLE), so they run as xla, as the strided gather's case shows
-    new_gathers = ("reshape_rechunk", "np_reshape_rechunk", "getitem_int_array", "getitem_bool_mask", "np_take",
-                   "getitem_diskarray", "np_broadcast_to", "np_zeros", "np_ones", "np_full", "zeros_like",
-                   "broadcast_to", "like")
-    operators.update({p.id: "np_strided" for p in test_ops.OPS if p.id.startswith(new_gathers) or "like" in p.id})
+    # issue-14 rows added 2026-12-05 (index arrays, masks, take, rechunking reshapes, broadcast_to, *_like), with
+    # cases of their own since 2026-12-06; the gathers are refused (no Pallas gather lowering): they run as xla
+    operators.update({"reshape_rechunk_flat": "np_reshape_rechunk", "np_reshape_rechunk_regroup": "np_reshape_rechunk",
+                      "reshape_rechunk_merge_leading": "np_reshape_rechunk", "getitem_int_array": "np_take",
+                      "getitem_bool_mask": "np_take", "np_take_axis": "np_take", "np_broadcast_to": "np_broadcast_to",
+                      "np_like": "np_full"})
     missing = [p.id for p in test_ops.OPS if operators.get(p.id, p.id) not in names]
     assert not missing
+
+
+def test_the_gather_and_fill_rows_lower_or_are_refused_by_name():
+    """The gathers of take, index arrays, masks and rechunking reshapes are refused up front (xla runs
+    them); broadcast_to and full/*_like lower for both platforms at 128^2 tiles."""
+    names = ("np_take", "np_reshape_rechunk", "np_broadcast_to", "np_full")
+    results = {(c.name, p): lowering.check(c, p) for c in lowering.cases((128,), ("float32",)) if c.name in names
+               for p in ("cuda", "tpu")}
+    assert {k: r.status for k, r in results.items()} == {
+        **{(n, p): "refused" for n in names[:2] for p in ("cuda", "tpu")},
+        **{(n, p): "ok" for n in names[2:] for p in ("cuda", "tpu")}}
+    assert all("lowering for gather" in results[(n, p)].message for n in names[:2] for p in ("cuda", "tpu"))
 
 
 def _whole_tile_add(target):

@@ -124,6 +124,37 @@ def _shape_cases(edge, dtype):
     return [strided, reshape]
 
 
+def _gather_and_fill_cases(edge, dtype):
+    """jask.numpy rows of issue 14 that are ops of their own: ``take``/index arrays/masks (a row gather),
+    reshapes that cross tiles (a regrouping gather), ``broadcast_to`` and ``full``/``ones``/``*_like``
+    (elementwise over an all-zero witness). The gathers are refused (no Pallas gather lowering)."""
+    from jask.ops.creation import _Witnessed, _broadcast, _fill
+    from jask.ops.gather import Take
+    from jask.ops.regroup import Regroup
+    from jask.ops.shape import _groups
+    n, m = 3 * edge, 2 * edge
+    x, rows, idx = _tiled((n, n), dtype, edge), _tiled((n, 1), np.int32, edge), _tiled((m, 1), np.int32, edge)
+    take = Take.from_inputs(x, rows, idx, axis=0, indices=np.arange(m, dtype=np.int64)[::-1] * 3 // 2)
+    cases = [_window_case("np_take", take, [x.block_shape, rows.block_shape, idx.block_shape],
+                          [dtype, np.int32, np.int32], (min(edge, m), min(edge, n)), 2, edge, dtype)]
+    out_shape = (n * n // edge, edge) if edge > 1 else (n * n, 1)
+    iotas = [_tiled(tuple(d if a == k else 1 for a in range(2)), np.int32, edge)
+             for shape in ((n, n), out_shape) for k, d in enumerate(shape)]
+    regroup = Regroup.from_inputs(x, *iotas, out_shape=out_shape, groups=_groups((n, n), out_shape))
+    cases.append(_window_case("np_reshape_rechunk", regroup, [x.block_shape] + [i.block_shape for i in iotas],
+                              [dtype] + [np.int32] * 4, (min(edge, out_shape[0]), min(edge, out_shape[1])),
+                              len(regroup.index_map((0, 0))), edge, dtype))
+    witness, row = _tiled((n, n), np.bool_, edge), _tiled((n,), dtype, edge)
+    bcast = _Witnessed.from_inputs(witness, row, fn=_broadcast, name="broadcast_to")
+    cases.append(_window_case("np_broadcast_to", bcast, [witness.block_shape, row.block_shape], [np.bool_, dtype],
+                              witness.block_shape, 1, edge, dtype))
+    fill = _Witnessed.from_inputs(witness, fn=_fill, consts=((1, 1.5),), params=(("dtype", np.dtype(dtype)),),
+                                  name="full")
+    cases.append(_window_case("np_full", fill, [witness.block_shape], [np.bool_], witness.block_shape, 1,
+                              edge, dtype))
+    return cases
+
+
 def _np_elementwise(a, b):
     """A jask.numpy-style chain: comparison, where, exp, maximum, clip."""
     return jnp.clip(jnp.where(a > b, jnp.exp(a), jnp.maximum(a, b)), -3.0, 3.0)
@@ -173,6 +204,7 @@ def cases(edges, dtypes):
                 _op_case("np_max_axis", Max, [sq], e, dtype, axis=0),
                 _op_case("np_prod_axis", Prod, [sq], e, dtype, axis=1),
                 *_shape_cases(e, dtype),
+                *_gather_and_fill_cases(e, dtype),
                 _window_case("window_sum_many", Sum(axes=(0, 1)), [(e, e)], [dtype], (), 64, e, dtype, n_tiles=1),
                 _window_case("window_dot_k8", Dot(), [(e, e), (e, e)], [dtype] * 2, (e, e), 8, e, dtype,
                              n_tiles=4),
