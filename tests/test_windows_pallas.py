@@ -18,6 +18,7 @@ from jax.experimental import pallas as pl
 
 from jask import kernels
 from jask.bench import lowering
+from jask.hijax.compat import JAX_VERSION
 from jask.kernels import legality
 from jask.kernels.legality import Limits, WindowNotLegal
 from jask.kernels.pallas_window import window_program
@@ -279,11 +280,34 @@ def _whole_tile_add(target):
     return add, (x, x)
 
 
+def _ragged_triton_add(target):
+    """A Triton ``pallas_call`` over 200-element blocks: Triton loads only power-of-two blocks."""
+    from jax.experimental.pallas import triton as pltriton
+
+    def add(a, b):
+        def kernel(x, y, o):
+            o[...] = x[...] + y[...]
+        spec = pl.BlockSpec((200,), lambda i: (i,))
+        return pl.pallas_call(kernel, out_shape=jax.ShapeDtypeStruct(a.shape, a.dtype), grid=(5,), in_specs=[spec] * 2,
+                              out_specs=spec, compiler_params=pltriton.CompilerParams(num_warps=4, num_stages=2))(a, b)
+    x = jax.ShapeDtypeStruct((1000,), np.float32)
+    return add, (x, x)
+
+
+@pytest.mark.skipif(JAX_VERSION >= (0, 12), reason="jax 0.12 no longer lowers Mosaic GPU kernels through "
+                    "pl.pallas_call (plgpu.kernel replaced it); the Triton case below runs on every version")
 def test_gate_reports_an_illegal_block_as_a_failure():
-    """A whole-tile block of a 1024x1024 float32 add does not fit Mosaic GPU's shared memory."""
+    """A whole-tile block of a 1024x1024 float32 add does not fit Mosaic GPU's shared memory (the H200's error)."""
     case = lowering.Case("whole_tile_add", 1024, "float32", "blocks=[(1024, 1024)] * 2 whole tile", _whole_tile_add)
     r = lowering.check(case, "cuda")
     assert r.status == "FAIL" and "shared memory" in r.message
+
+
+def test_gate_reports_an_illegal_triton_block_as_a_failure():
+    """Lowered for cuda with no GPU attached (jax 0.12 needs the abstract H200 the gate supplies)."""
+    case = lowering.Case("ragged_triton_add", 200, "float32", "blocks=[(200,)] * 2", _ragged_triton_add)
+    r = lowering.check(case, "cuda")
+    assert r.status == "FAIL" and "power of 2" in r.message, r.message
 
 
 def test_gate_reports_a_refusal_as_a_refusal():

@@ -18,6 +18,7 @@ and the kernels layer imports nothing outside its folder.
 """
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import sys
 import time
@@ -56,6 +57,16 @@ class Result:
     message: str = ""
 
 
+def _lowering_target(platform: str):
+    """Where no GPU is attached, an abstract H200 for lowering to ``cuda``: jax 0.12's Triton lowering asks
+    the default device for its compute capability (jax 0.10/0.11 lowered without one)."""
+    if platform != "cuda" or any(d.platform == "gpu" for d in jax.devices()):
+        return contextlib.nullcontext()
+    h200 = jax.sharding.AbstractDevice(device_kind="NVIDIA H200", num_cores=None, platform="gpu")
+    mesh = jax.sharding.AbstractMesh((1,), ("gate",), (jax.sharding.AxisType.Auto,), abstract_device=h200)
+    return jax.sharding.use_abstract_mesh(mesh)
+
+
 def check(case: Case, platform: str) -> Result:
     """Lower ``case`` for ``platform``: ok, refused (WindowNotLegal) or FAIL with the compiler's message."""
     try:
@@ -63,7 +74,8 @@ def check(case: Case, platform: str) -> Result:
     except WindowNotLegal as e:
         return Result("refused", str(e))
     try:
-        jax.export.export(jax.jit(fn), platforms=[platform], disabled_checks=_DISABLED)(*structs)
+        with _lowering_target(platform):
+            jax.export.export(jax.jit(fn), platforms=[platform], disabled_checks=_DISABLED)(*structs)
     except Exception as e:  # noqa: BLE001 - any lowering failure is the report
         msg = " ".join(str(e).split())
         return Result("FAIL", f"{type(e).__name__}: {msg[:400]}")
