@@ -76,6 +76,16 @@ else:
 UNUSED_OPS_SKIPPED_UNDER_JIT = JAX_VERSION >= (0, 12)
 
 
+def jaxpr_and_consts(closed):
+    """``(jaxpr, consts)`` of what ``jax.make_jaxpr`` returns, or of a sub-jaxpr in an equation's params.
+
+    jax 0.10.2, 0.11.x: a ``ClosedJaxpr`` wraps a ``Jaxpr`` (``.jaxpr``) and holds the constants'
+    values (``.consts``); an open ``Jaxpr`` has neither. jax 0.12: ``ClosedJaxpr`` is gone, a
+    ``Jaxpr`` holds its constants' values itself and ``.jaxpr`` returns the same object.
+    """
+    return getattr(closed, "jaxpr", closed), tuple(getattr(closed, "consts", ()))
+
+
 def bind_equation(eqn, *args):
     """Apply a jaxpr equation's primitive to ``args`` as ``jax.core.eval_jaxpr`` does.
 

@@ -24,9 +24,10 @@ fold over entries (and over inner contraction blocks) is an in-kernel loop::
     grid (n_tiles, *inner blocks); each program loops k over K.
 
 Scalar leaves (block ``()``) are read per (tile, entry) from scalar memory
-(TPU: the whole stack, indexed through the table) or a small block (GPU). 1-D blocks gain a unit dim on TPU so the
-(8, 128) rule applies to full dims. float32 contractions run at the precision
-``jask.config`` names (``highest`` by default).
+(TPU: the whole stack, indexed through the table) or a small block (GPU).
+1-D blocks gain a unit dim on TPU so the (8, 128) rule applies to full dims.
+float32 contractions run at the precision ``jask.config`` names (``highest``
+by default).
 """
 from __future__ import annotations
 

@@ -86,8 +86,7 @@ class _Evaluator:
         self.name, self.disk_shapes = name, frozenset(disk_shapes)
 
     def run(self, closed, *args):
-        jaxpr = closed.jaxpr if hasattr(closed, "jaxpr") and hasattr(closed, "consts") else closed
-        consts = closed.consts if jaxpr is not closed else ()
+        jaxpr, consts = compat.jaxpr_and_consts(closed)
         env = {}
         read = lambda v: _literal(v) if isinstance(v, compat.Literal) else env[v]   # noqa: E731
         env.update(zip(jaxpr.constvars, consts))
