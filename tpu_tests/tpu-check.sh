@@ -8,6 +8,10 @@
 # test_kernels/test_ops/test_properties, 420 s cap; TESTS1_FILES and TESTS1_CAP change them) and tests2 (test_ops and
 # test_kernels, 400 s cap; TESTS2_CAP, TESTS2_FILES: 385 of their 695 tests fit in 440 s on 2026-12-06, so run
 # them one file per call).
+# Also: matmul (tpu_tests/matmul_probe.py 8192: the TPU matmul inner blocks against jnp) and hwslice (tests HW_FROM
+# to HW_TO, 1-based, of `pytest tpu_tests --co` order, HW_CAP seconds: on 2026-12-06 tests 1-265 of that order ran
+# after the scalar-prefetch change, so HW_FROM=266 HW_TO=325 runs the 60 OPS-table rows left). To run your own commands after `env`, append to PYTHONPATH
+# (it already holds the machine's jax): export PYTHONPATH=$PYTHONPATH:/tmp/site:$PWD.
 # Wheels (cp311, manylinux x86_64) into .whl-tpu: zarr numcodecs donfig google-crc32c pyyaml optax
 # absl-py dask partd locket toolz click cloudpickle fsspec importlib_metadata zipp.
 # One program at a time may hold the chip, so every step runs in one process, one after another.
@@ -55,6 +59,16 @@ if want grad; then
 fi
 if want probe; then
   el probe; timeout 240 python3 tpu_tests/transfer_probe.py --gib=2 --scratch=$SCR/probe > "$OUT/probe.log" 2>&1; echo "rc=$?" >> "$OUT/probe.log"
+fi
+if want matmul; then
+  el matmul; timeout ${MATMUL_CAP:-240} python3 tpu_tests/matmul_probe.py 8192 2>&1 | grep -vE "^(I|W)[0-9]{4}" > "$OUT/matmul.log"
+  echo "rc=$?" >> "$OUT/matmul.log"
+fi
+if want hwslice; then
+  el hwslice; python3 -m pytest tpu_tests --co -q -o addopts="" -p no:cacheprovider 2>/dev/null | grep "::" \
+    | sed -n "${HW_FROM:-1},${HW_TO:-100000}p" > /tmp/hwslice.txt
+  timeout ${HW_CAP:-300} python3 -m pytest @/tmp/hwslice.txt -q -o addopts="" -p no:cacheprovider -rfE > "$OUT/hwslice.log" 2>&1
+  echo "rc=$? ($(wc -l < /tmp/hwslice.txt) tests selected)" >> "$OUT/hwslice.log"
 fi
 if want tests1; then
   el tests1; timeout ${TESTS1_CAP:-420} python3 -m pytest ${TESTS1_FILES:-tests} -q -o addopts="" -p no:cacheprovider -rfE --durations=15 -m "not slow" \
