@@ -177,6 +177,17 @@ def test_tpu_matmul_blocks_shrink_to_the_matmul_vmem_budget():
         legality.plan(Dot(), odd, f32, "tpu", Limits(tpu_matmul_vmem=1 << 20))
 
 
+def test_a_tpu_window_whose_table_passes_scalar_memory_is_refused_by_name():
+    """The table is scalar-prefetched into SMEM (1 MiB on a v5e): a window too big for it goes to xla
+    instead of failing in Mosaic's compile. The executor's windows (<= 256 entries) stay far below."""
+    spec = _spec([(128, 128), (128, 128)], np.float32, (64, 64), 64, 1024, (128, 128))
+    with pytest.raises(WindowNotLegal, match="scalar memory"):
+        legality.plan(Dot(), spec, np.dtype(np.float32), "tpu")
+    assert legality.plan(Dot(), spec, np.dtype(np.float32), "gpu").kind == "matmul"   # Triton gathers instead
+    small = _spec([(128, 128), (128, 128)], np.float32, (64, 64), 16, 16, (128, 128))
+    assert legality.plan(Dot(), small, np.dtype(np.float32), "tpu").kind == "matmul"
+
+
 def test_backend_compile_window_is_one_call_and_exact():
     backend = kernels.get_backend("pallas-interpret")
     spec = _spec([(8, 8), (8, 8)], np.float32, (4, 4), 4, 1, (8, 8), direct=True)

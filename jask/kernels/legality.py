@@ -64,6 +64,7 @@ class Limits:
     tpu_matmul_k: int = 512
     tpu_matmul_vmem: int = 26 << 20
     tpu_pointwise_bytes: int = 1 << 20  # TPU: one operand's inner block in a pointwise program
+    tpu_smem_bytes: int = 512 << 10    # TPU: the scalar-prefetched table and mask, scalar stacks (SMEM: 1 MiB on v4+)
     triton_pointwise_elems: int = 4096  # GPU: one operand's inner block in a pointwise program
     triton_whole_elems: int = 16384    # GPU: one whole-tile block (general programs)
     triton_matmul: tuple = (64, 64, 32)  # GPU: (bm, bn, bk) at most
@@ -301,6 +302,12 @@ def plan(op, spec, acc_dtype, target: str, limits: Limits = LIMITS) -> Plan:
     prim = unlowerable(op, spec, acc_dtype, target)
     if prim is not None:
         raise WindowNotLegal(f"Pallas has no {target} lowering for {prim}")
+    if target == "tpu":
+        smem = 4 * (spec.n_tiles * spec.k * (len(spec.leaf_blocks) + 1)
+                    + sum(m for m, b in zip(spec.stack_rows, spec.leaf_blocks) if not b))
+        if smem > limits.tpu_smem_bytes:
+            raise WindowNotLegal(f"the window's index table and scalar operands take {smem} bytes of TPU scalar "
+                                 f"memory (> {limits.tpu_smem_bytes}): {spec.n_tiles} tiles x {spec.k} entries")
     kind, dots = classify(op, spec, acc_dtype)
     return (gpu_plan if target == "gpu" else tpu_plan)(kind, spec, acc_dtype, limits, dots)
 
