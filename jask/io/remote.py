@@ -179,9 +179,7 @@ def last_reader_deletes(store: RemoteStore, index: int, readers: int) -> None:
 def _release(root, index: int, readers: int) -> None:
     try:
         sync(root.set(f"{RELEASED}/{index}", Buffer.from_bytes(b"")))
-        async def markers():
-            return [k async for k in root.list_prefix(f"{RELEASED}/")]
-        if len(sync(markers())) >= readers:
+        if len(versions.list_keys(root, f"{RELEASED}/")) >= readers:
             versions.remove_prefix(root, "")
     except Exception:     # best effort, as in any finalizer: the owner's scratch folder goes at its exit
         pass

@@ -80,14 +80,10 @@ def age_s(root, folder: str) -> float | None:
 def sweep(root_url: str, storage_options=None, keep: str | None = None) -> list[str]:
     """Delete the process folders under ``root_url`` whose owner is dead (stale or no heartbeat),
     other than ``keep``; returns their URLs."""
-    from zarr.core.sync import sync
-    from jask.io.versions import remove_prefix
+    from jask.io.versions import list_children, remove_prefix
     root = _root(root_url, storage_options)
-
-    async def children():
-        return [name.rstrip("/") async for name in root.list_dir("")]
     try:
-        names = sync(children())
+        names = list_children(root)
     except Exception:
         return []
     swept = []

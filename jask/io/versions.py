@@ -128,16 +128,24 @@ def remove_version(root, version: str) -> None:
         remove_prefix(root, version)
         return
     try:
-        keys = [k for k in _list(root) if k not in (POINTER,) and not k.startswith("v-")]
+        keys = [k for k in list_keys(root) if k not in (POINTER,) and not k.startswith("v-")]
         for key in keys:
             sync(root.delete(key))
     except Exception:
         pass
 
 
-def _list(root) -> list[str]:
+def list_keys(root, prefix: str = "") -> list[str]:
+    """Every key under ``prefix`` (``""``: all of ``root``)."""
     async def collect():
-        return [k async for k in root.list()]
+        return [k async for k in (root.list_prefix(prefix) if prefix else root.list())]
+    return sync(collect())
+
+
+def list_children(root) -> list[str]:
+    """The names directly under ``root`` (prefixes and keys), without trailing slashes."""
+    async def collect():
+        return [name.rstrip("/") async for name in root.list_dir("")]
     return sync(collect())
 
 
@@ -154,14 +162,12 @@ def sweep_orphans(root, keep) -> list[str]:
 
     Younger ones may be another writer's work in progress, so they stay.
     """
-    async def children():
-        return [name async for name in root.list_dir("")]
     try:
-        names = sync(children())
+        names = list_children(root)
     except Exception:
         return []
     swept = []
-    for name in (n.rstrip("/") for n in names):
+    for name in names:
         age = version_age_s(name)
         if age is not None and age > ORPHAN_AGE_S and name not in keep:
             remove_prefix(root, name)
