@@ -39,10 +39,12 @@ def _beat(root, folder: str) -> None:
     sync(root.set(f"{folder}/{HEARTBEAT}", Buffer.from_bytes(json.dumps(doc).encode())))
 
 
-def start(root_url: str, folder: str, storage_options=None) -> None:
-    """Claim ``<root_url>/<folder>`` for this process: first heartbeat now, then one every
-    :data:`HEARTBEAT_S` on a daemon thread; the folder is deleted at exit."""
+def claim(root_url: str, folder: str, storage_options=None) -> None:
+    """Sweep dead processes' folders under ``root_url``, then claim ``<root_url>/<folder>`` for this
+    process: first heartbeat now, then one every :data:`HEARTBEAT_S` on a daemon thread; the folder
+    is deleted at exit."""
     root = _root(root_url, storage_options)
+    _sweep(root, root_url, keep=folder)
     try:
         _beat(root, folder)
     except Exception as e:
@@ -80,8 +82,11 @@ def age_s(root, folder: str) -> float | None:
 def sweep(root_url: str, storage_options=None, keep: str | None = None) -> list[str]:
     """Delete the process folders under ``root_url`` whose owner is dead (stale or no heartbeat),
     other than ``keep``; returns their URLs."""
+    return _sweep(_root(root_url, storage_options), root_url, keep)
+
+
+def _sweep(root, root_url: str, keep: str | None) -> list[str]:
     from jask.io.versions import list_children, remove_prefix
-    root = _root(root_url, storage_options)
     try:
         names = list_children(root)
     except Exception:

@@ -196,8 +196,7 @@ def process_dir() -> str:
         root = root.url
         if _process_dir is None or not _process_dir.startswith(root.rstrip("/") + "/"):
             folder = f"jask-{os.getpid()}-{secrets.token_hex(4)}"
-            remote_scratch.sweep(root, storage_options())        # dead processes' folders, by heartbeat
-            remote_scratch.start(root, folder, storage_options())
+            remote_scratch.claim(root, folder, storage_options())   # after sweeping dead processes' folders
             _process_dir = f"{root.rstrip('/')}/{folder}"
         return _process_dir
     if _process_dir is None or os.path.dirname(_process_dir) != os.path.abspath(root):
