@@ -86,18 +86,12 @@ def sweep(root_url: str, storage_options=None, keep: str | None = None) -> list[
 
 
 def _sweep(root, root_url: str, keep: str | None) -> list[str]:
-    from jask.io.versions import list_children, remove_prefix
-    try:
-        names = list_children(root)
-    except Exception:
-        return []
-    swept = []
-    for name in names:
+    from jask.io.versions import remove_children
+
+    def dead(name):
         parts = name.split("-")
         if name == keep or len(parts) != 3 or parts[0] != "jask" or not parts[1].isdigit():
-            continue
+            return False
         age = age_s(root, name)
-        if age is None or age > STALE_S:
-            remove_prefix(root, name)
-            swept.append(f"{root_url.rstrip('/')}/{name}")
-    return swept
+        return age is None or age > STALE_S
+    return [f"{root_url.rstrip('/')}/{name}" for name in remove_children(root, dead)]

@@ -162,15 +162,21 @@ def sweep_orphans(root, keep) -> list[str]:
 
     Younger ones may be another writer's work in progress, so they stay.
     """
+    def orphan(name):
+        age = version_age_s(name)
+        return age is not None and age > ORPHAN_AGE_S and name not in keep
+    return remove_children(root, orphan)
+
+
+def remove_children(root, dead) -> list[str]:
+    """Delete each name directly under ``root`` for which ``dead(name)`` holds; returns those names
+    (none when ``root`` cannot be listed: a sweep is best effort)."""
     try:
         names = list_children(root)
     except Exception:
         return []
-    swept = []
-    for name in names:
-        age = version_age_s(name)
-        if age is not None and age > ORPHAN_AGE_S and name not in keep:
-            remove_prefix(root, name)
-            swept.append(name)
-    return swept
+    gone = [name for name in names if dead(name)]
+    for name in gone:
+        remove_prefix(root, name)
+    return gone
 
