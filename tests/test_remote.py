@@ -261,6 +261,26 @@ def test_dead_processes_scratch_folders_in_a_bucket_are_swept(monkeypatch):
     fs.rm(f"{root}/notes", recursive=True)
 
 
+def test_orphan_versions_older_than_a_day_are_swept_and_young_or_kept_ones_stay():
+    """versions.sweep_orphans (run at each commit to a URL): a version prefix no pointer names and older
+    than ORPHAN_AGE_S is a killed writer's; a young one may be another writer's work in progress."""
+    import fsspec
+    from jask.io import backends, versions
+    from jask.io.urls import parse
+    fs = fsspec.filesystem("memory")
+    root_path = "/jask-test-orphans"
+    day_old = int((time.time() - versions.ORPHAN_AGE_S - 60) * 1000)
+    old, kept = f"v-{day_old:013d}-aaaaaaaa", f"v-{day_old:013d}-bbbbbbbb"
+    young = versions.new_version_name()
+    for name in (old, kept, young):
+        _put(fs, f"{root_path}/{name}/zarr.json")
+    _put(fs, f"{root_path}/notes.json")
+    root = backends.zarr_store(parse(f"memory:/{root_path}", "test"), None, "test")
+    assert versions.sweep_orphans(root, keep={kept}) == [old]
+    assert {p.split("/")[2] for p in fs.find(root_path)} == {kept, young, "notes.json"}
+    fs.rm(root_path, recursive=True)
+
+
 def test_local_output_with_object_store_scratch_and_cleanup_of_url_roots(tmp_path, monkeypatch):
     """A scratch dir on an object store does not stop writes to local paths; cleanup_scratch takes a
     file:// root as its folder (and sweeps nothing, deliberately, under an object store)."""
