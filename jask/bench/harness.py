@@ -161,6 +161,7 @@ def measure(task: Task) -> dict:
 
     if runner.warmup and task.warmup:
         prepare_cache(runner, task.cache)
+        start_together(task, "warmup")
         t0 = time.perf_counter()
         runner.run()
         result["first_s"] = spent = time.perf_counter() - t0
@@ -173,6 +174,7 @@ def measure(task: Task) -> dict:
             break
         prepare_cache(runner, task.cache)
         gc.collect()
+        start_together(task, f"run-{i}")
         io0 = proc_io()
         t0 = time.perf_counter()
         runner.run()
@@ -191,6 +193,14 @@ def measure(task: Task) -> dict:
         result["check"] = runner.check()
     runner.cleanup()
     return result
+
+
+def start_together(task: Task, name: str) -> None:
+    """Wait for every process of a multi-process task, so each timed run starts in all at once: the
+    clock of process 0 then counts the pass, not another process still warming its page cache."""
+    if task.processes > 1:
+        from jask.exec import multihost
+        multihost.barrier(f"jask-bench-{task.workload}-{task.size}-{task.cache}-{name}", "start a timed run")
 
 
 def child_main(tasks_file: str, results_file: str) -> None:
