@@ -34,7 +34,7 @@ WORKER = textwrap.dedent("""
     pid, n, port, root = int(sys.argv[1]), int(sys.argv[2]), sys.argv[3], sys.argv[4]
     jax.config.update("jax_cpu_collectives_implementation", "gloo")
     jax.distributed.initialize(coordinator_address=f"127.0.0.1:{port}", num_processes=n, process_id=pid)
-    import jask
+    import jask, jask.numpy
     jask.config.update("tile", TILE)
     X, Y, T = (jask.from_zarr(os.path.join(root, f"{k}.zarr")) for k in "XYT")
     def update_and_die(W):                     # process 1 dies at its first tile write of update_
@@ -89,6 +89,9 @@ WORKER = textwrap.dedent("""
         out["sum"] = float(jask.sum(X))
         out["sum_jit"] = float(jax.jit(jask.sum)(X))
     out["sum_read"] = p.bytes_read
+    # one tile of integers below zero: one process holds the only partial, the others none (a fold
+    # that took a missing partial for 0 would give 0)
+    out["one_tile_max"] = int(jask.numpy.max(jask.from_numpy(-np.arange(5, 9, dtype=np.int32))))
     with jask.profile() as p:
         ((X - Y) * 3.0 + X).to_zarr(os.path.join(root, "out.zarr"))
     out["ew_read"], out["ew_written"] = p.bytes_read, p.bytes_written
@@ -232,8 +235,9 @@ def check(data, outs, n, tmp_path, devices=1):
     X, Y, W, T = (data[k] for k in "XYWT")
     tile = TILE * TILE * 4
     # every process gets the same scalars, and they are right
-    for key in ("sum", "sum_jit", "loss"):
+    for key in ("sum", "sum_jit", "loss", "one_tile_max"):
         assert len({o[key] for o in outs}) == 1, (key, [o[key] for o in outs])
+    assert outs[0]["one_tile_max"] == -5, outs[0]["one_tile_max"]
     np.testing.assert_allclose(outs[0]["sum"], X.sum(dtype=np.float64), rtol=1e-5, atol=1e-4)
     w = np.ones((24, 8), np.float32) / 10
     np.testing.assert_allclose(outs[0]["loss"], np.sum(np.square(X @ w - T), dtype=np.float64), rtol=1e-5)

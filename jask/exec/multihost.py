@@ -98,12 +98,13 @@ def fold_scalar(value, combine, dtype):
     process; the caller casts the result (None when no process had a partial) once.
     """
     acc_dtype = widen_dtype(dtype)
-    here = np.zeros((), acc_dtype) if value is None else np.asarray(value, acc_dtype)
-    flags = _collective("gather the partial results of a scalar", _mh().process_allgather,
-                        np.int32(value is not None))
-    parts = _collective("gather the partial results of a scalar", _mh().process_allgather, here)
-    return fold_in_order((part if flag else None for flag, part in zip(np.asarray(flags).reshape(-1),
-                                                                      np.asarray(parts))),
+    # one collective, not two (each costs ~1.7 ms on loopback): [has a partial, partial] in the
+    # accumulator dtype, where 0 and 1 are exact for every dtype (bool included)
+    here = np.zeros(2, acc_dtype)
+    if value is not None:
+        here[0], here[1] = 1, np.asarray(value, acc_dtype)
+    rows = np.asarray(_collective("gather the partial results of a scalar", _mh().process_allgather, here))
+    return fold_in_order((row[1] if row[0] else None for row in rows.reshape(-1, 2)),
                          lambda acc, part: np.asarray(combine(acc, part)))
 
 
