@@ -90,9 +90,10 @@ class Window:
 class _Draft:
     """A window being filled: entries grouped by program shape, values it needs, projected bytes."""
 
-    def __init__(self, plan, stage_ids):
+    def __init__(self, plan, stage_ids, programs=None):
         self.plan, self.tile = plan, plan.tile
         self.stage_ids = stage_ids
+        self.programs = {} if programs is None else programs   # shared by a pass's drafts (see program)
         self.groups: dict = {}            # group key -> dict(node, program, entries: [(tile, [rows keys])])
         self.order: list = []             # group keys, first appearance
         self.produced: dict = {}          # value key -> group key that produces it
@@ -103,6 +104,15 @@ class _Draft:
         self.inputs = 0                   # bytes of the distinct stored tiles read
         self.entries = 0
 
+    def program(self, node, entry):
+        """``entry_program`` of one entry, built once per pass: costing and adding an entry both need it,
+        and building it was most of scheduling's ~40 us per entry."""
+        key = (id(node), entry)
+        got = self.programs.get(key)
+        if got is None:
+            got = self.programs[key] = entry_program(self.plan, node, entry)
+        return got
+
     # -- costs, without changing the draft
     def cost(self, node, idx, entries) -> tuple[int, int]:
         """``(projected bytes, input bytes)`` that scheduling these entries would add to the window."""
@@ -111,7 +121,7 @@ class _Draft:
 
         def walk(n, block, ents):
             for e in ents:
-                for lf in entry_program(self.plan, n, e).leaves:
+                for lf in self.program(n, e).leaves:
                     key = ("tile", id(lf.node.resolved()), lf.block)
                     if lf.kind != "tile" or key in seen or key in self.reads or key in self.produced:
                         continue
@@ -143,7 +153,7 @@ class _Draft:
         """Schedule ``entries`` of ``node``'s tile ``idx``; returns the group key of the last one."""
         gkey = None
         for e in entries:
-            program = entry_program(self.plan, node, e)
+            program = self.program(node, e)
             keys, sig = [], []
             for lf in program.leaves:
                 inner = lf.node.resolved()
@@ -261,7 +271,8 @@ def windows(plan, group, indices, limit_bytes: int, batch_bytes: int = WINDOW_IN
     entries: each holds a partial, combined by whoever runs the shares.
     """
     stage_ids = {id(n) for n in group}
-    draft = _Draft(plan, stage_ids)
+    programs: dict = {}
+    draft = _Draft(plan, stage_ids, programs)
     for idx, per_node, (lo, hi) in _shared_tiles(plan, group, indices, share):
         split = len(group) == 1 and len(per_node[0][1]) > 1
         if split:
@@ -270,7 +281,7 @@ def windows(plan, group, indices, limit_bytes: int, batch_bytes: int = WINDOW_IN
                 cost = draft.cost(node, idx, [e])
                 if draft.full(cost, limit_bytes, batch_bytes):
                     yield draft.seal()
-                    draft = _Draft(plan, stage_ids)
+                    draft = _Draft(plan, stage_ids, programs)
                     cost = draft.cost(node, idx, [e])
                 draft.take(cost)
                 draft.add(node, idx, [e])
@@ -280,7 +291,7 @@ def windows(plan, group, indices, limit_bytes: int, batch_bytes: int = WINDOW_IN
         cost = (sum(c[0] for c in costs), sum(c[1] for c in costs))
         if draft.full(cost, limit_bytes, batch_bytes, sum(len(ents) for _, ents in per_node)):
             yield draft.seal()
-            draft = _Draft(plan, stage_ids)
+            draft = _Draft(plan, stage_ids, programs)
             costs = [draft.cost(n, idx, ents) for n, ents in per_node]
             cost = (sum(c[0] for c in costs), sum(c[1] for c in costs))
         draft.take(cost)
