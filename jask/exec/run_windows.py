@@ -1,10 +1,11 @@
 """Running a schedule's windows: one kernel call per program shape, partials folded, tiles handed out.
 
 Tiles read from disk arrive from the prefetcher in the schedule's read order
-(already on the compute device where that is not the host). Every call's
-operands are placed on the compute device explicitly, so inside ``jit`` (where
-``io_callback`` makes the host CPU JAX's default device) the tile math still
-runs where the user asked.
+(already on the compute device where that is not the host). Every call runs on
+its compute device explicitly: operands are placed there, or, for host tiles on
+a CPU device, passed as they are with that device as JAX's default for the
+call. So inside ``jit`` (where ``io_callback`` makes the host CPU JAX's default
+device) the tile math still runs where the user asked.
 """
 from __future__ import annotations
 
