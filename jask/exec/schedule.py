@@ -90,10 +90,10 @@ class Window:
 class _Draft:
     """A window being filled: entries grouped by program shape, values it needs, projected bytes."""
 
-    def __init__(self, plan, stage_ids, programs=None):
+    def __init__(self, plan, stage_ids):
         self.plan, self.tile = plan, plan.tile
         self.stage_ids = stage_ids
-        self.programs = {} if programs is None else programs   # shared by a pass's drafts (see program)
+        self.programs: dict = {}          # (node id, entry) -> its program, for this window only
         self.groups: dict = {}            # group key -> dict(node, program, entries: [(tile, [rows keys])])
         self.order: list = []             # group keys, first appearance
         self.produced: dict = {}          # value key -> group key that produces it
@@ -105,8 +105,9 @@ class _Draft:
         self.entries = 0
 
     def program(self, node, entry):
-        """``entry_program`` of one entry, built once per pass: costing and adding an entry both need it,
-        and building it was most of scheduling's ~40 us per entry."""
+        """``entry_program`` of one entry, built once per window: costing and adding an entry both need it,
+        and building it was most of scheduling's ~40 us per entry. Kept for one window only: a
+        pass-wide memo held every entry's program at once (+15-20 MB in an Adam step at tile 256)."""
         key = (id(node), entry)
         got = self.programs.get(key)
         if got is None:
@@ -271,8 +272,7 @@ def windows(plan, group, indices, limit_bytes: int, batch_bytes: int = WINDOW_IN
     entries: each holds a partial, combined by whoever runs the shares.
     """
     stage_ids = {id(n) for n in group}
-    programs: dict = {}
-    draft = _Draft(plan, stage_ids, programs)
+    draft = _Draft(plan, stage_ids)
     for idx, per_node, (lo, hi) in _shared_tiles(plan, group, indices, share):
         split = len(group) == 1 and len(per_node[0][1]) > 1
         if split:
@@ -281,7 +281,7 @@ def windows(plan, group, indices, limit_bytes: int, batch_bytes: int = WINDOW_IN
                 cost = draft.cost(node, idx, [e])
                 if draft.full(cost, limit_bytes, batch_bytes):
                     yield draft.seal()
-                    draft = _Draft(plan, stage_ids, programs)
+                    draft = _Draft(plan, stage_ids)
                     cost = draft.cost(node, idx, [e])
                 draft.take(cost)
                 draft.add(node, idx, [e])
@@ -291,7 +291,7 @@ def windows(plan, group, indices, limit_bytes: int, batch_bytes: int = WINDOW_IN
         cost = (sum(c[0] for c in costs), sum(c[1] for c in costs))
         if draft.full(cost, limit_bytes, batch_bytes, sum(len(ents) for _, ents in per_node)):
             yield draft.seal()
-            draft = _Draft(plan, stage_ids, programs)
+            draft = _Draft(plan, stage_ids)
             costs = [draft.cost(n, idx, ents) for n, ents in per_node]
             cost = (sum(c[0] for c in costs), sum(c[1] for c in costs))
         draft.take(cost)
