@@ -132,7 +132,9 @@ def _operand(value, dtype, device):
     A host tile already in the leaf's dtype goes to a CPU device's program as it is: the
     jitted call's own C++ path takes an aligned array without a copy, where a ``device_put``
     first cost ~110 us per tile in Python and dispatch (~300 us while the previous window
-    ran), a third of a 4 MiB-tile pass's main thread (``sum`` of 512 MiB, 2026-12-06).
+    ran), half the main thread's samples in a 4 MiB-tile pass (``sum`` of 512 MiB, 2026-12-06).
+    Like a ``device_put``, the call holds the array until its program has run, so a pooled
+    read buffer is not reused under it.
     """
     if device.platform == "cpu" and isinstance(value, np.ndarray) and value.dtype == dtype:
         return value
