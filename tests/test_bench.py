@@ -52,3 +52,33 @@ def test_quick_suite_completes_and_systems_agree(tmp_path):
         assert (out / "sum-throughput.png").exists() and (out / "sum-memory.png").exists()
     data = tmp_path / "data"
     assert not data.exists() or not os.listdir(data), "benchmark stores were left behind"
+
+
+def _bench(tmp_path, *args, timeout=600):
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [ROOT, os.environ.get("PYTHONPATH")])))
+    return subprocess.run([sys.executable, "-m", "jask.bench", f"--out={tmp_path / 'out'}",
+                           f"--data_dir={tmp_path / 'data'}", *args],
+                          cwd=tmp_path, env=env, capture_output=True, text=True, timeout=timeout)
+
+
+def test_rounds_alternate_one_and_two_processes_and_pool_their_runs(tmp_path):
+    """``--rounds=2 --repeat=2``: every system's entry holds the 4 timed runs of its two rounds, and the
+    2-process run (its processes start each run together) computes the sum one process does."""
+    proc = _bench(tmp_path, "--workload=sum", "--gib=0.004", "--cache=warm", "--peers=raw-io", "--repeat=2",
+                  "--warmup=0", "--rounds=2", "--processes=1,2", "--budget=16MB", "--tile=64")
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    with open(tmp_path / "out" / "results.json") as f:
+        run = json.load(f)
+    assert run["meta"]["rounds"] == 2
+    entries = {e["system"]: e for e in run["results"]}
+    assert set(entries) == {"jask", "jask-2proc", "raw-io"}, set(entries)
+    for name, e in entries.items():
+        assert "error" not in e, (name, e.get("error"))
+        assert e["runs"] == 4 and len(e["raw"]["times"]) == 4, (name, e["runs"])
+    one, two = entries["jask"]["check"]["sum"], entries["jask-2proc"]["check"]["sum"]
+    assert two == pytest.approx(one, rel=1e-6), (one, two)   # partials fold in another order
+
+
+def test_rounds_need_one_subprocess_per_system(tmp_path):
+    proc = _bench(tmp_path, "--workload=sum", "--rounds=2", "--isolate=system", timeout=120)
+    assert proc.returncode != 0 and "--rounds alternates one subprocess per system" in proc.stderr, proc.stderr[-2000:]

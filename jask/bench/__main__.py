@@ -5,6 +5,7 @@
     python -m jask.bench --workload=dot --n=4096,8192 --cache=warm
     python -m jask.bench --workload=sum,dot --devices=1,2,4     # jask on 1, 2 and 4 local devices
     python -m jask.bench --workload=sum --processes=1,2         # and as 2 jax.distributed processes
+    python -m jask.bench --workload=sum --processes=1,2 --rounds=3   # 1 and 2 processes alternated 3 times
     python -m jask.bench --store=s3 --remote_mib=256   # sum from a loopback S3 bucket vs raw GET
     python -m jask.bench --workload=sum --cache=warm --peers=raw-io --read_mmap=auto,off   # + a jask-mmap-off row
 
@@ -78,6 +79,9 @@ flags.DEFINE_enum("durability", "process", ["process", "power"], "jask.config du
 flags.DEFINE_list("read_mmap", ["auto"], "jask's read_mmap setting (whole chunks read as maps): auto (the "
                   "default: maps under read leases only), on, off, or several (e.g. off,auto: jask runs once per "
                   "value in that order; the first value's rows are named jask, the others' jask-mmap-<value>).")
+flags.DEFINE_integer("rounds", 1, "Run a case's systems this many times in turn (A, B, A, B, ...), each time "
+                     "in a fresh subprocess, and report each system's runs of every round together: a noisy "
+                     "machine's drift then falls on every system alike (with --isolate=task).")
 flags.DEFINE_float("rtol", 2e-3, "Relative tolerance for results agreeing between systems.")
 flags.DEFINE_enum("store", "local", ["local", "s3"], "local: the suite on local stores. s3: the remote-store "
                   "case instead (jask.bench.remote): sum of an array in a bucket on a loopback S3 server "
@@ -244,6 +248,12 @@ def _jask_variants() -> list[tuple[int, int]]:
             + [(1, p) for p in _counts(FLAGS.processes, "processes")[1:]])
 
 
+def _rounds() -> int:
+    if FLAGS.rounds < 1:
+        raise app.UsageError(f"--rounds must be at least 1, got {FLAGS.rounds}")
+    return FLAGS.rounds
+
+
 def _mmap_settings() -> list[str]:
     """The ``read_mmap`` values jask runs with (``off``, ``on``, ``auto``), in the order given."""
     chosen = [v.strip() for v in FLAGS.read_mmap if v.strip()]
@@ -263,11 +273,14 @@ def _run_settings(suite: Suite):
     if on_ram and not FLAGS.quick:
         raise app.UsageError(f"--data_dir {data_dir} is on {fstype}: use a folder on a real disk")
     isolate = "system" if FLAGS.quick else FLAGS.isolate
+    if _rounds() > 1 and isolate != "task":
+        raise app.UsageError("--rounds alternates one subprocess per system and case: it needs --isolate=task "
+                             "(and no --quick)")
     repeat = 1 if FLAGS.quick else FLAGS.repeat
     warmup = 0 if FLAGS.quick else FLAGS.warmup
     suite.meta.update(data_dir=data_dir, data_fs=fstype, layout=FLAGS.layout, isolate=isolate, repeat=repeat,
                       warmup=warmup, time_cap=FLAGS.time_cap, backend=FLAGS.backend, durability=FLAGS.durability,
-                      jask_variants=_jask_variants(), read_mmap=_mmap_settings())
+                      jask_variants=_jask_variants(), read_mmap=_mmap_settings(), rounds=_rounds())
     return data_dir, fstype, on_ram, isolate, repeat, warmup
 
 
@@ -308,9 +321,10 @@ def run_suite(suite: Suite):
                         for mm in (mmaps if system == "jask" else ["off"])
                         for d, pr in (variants if system == "jask" else [(1, 1)])]
                 if isolate == "task":
-                    for task in tasks:
-                        (raw,) = harness.run_tasks([task], timeout=FLAGS.timeout)
-                        entries.append(suite.add(case, raw, W))
+                    rounds = [[harness.run_tasks([task], timeout=FLAGS.timeout)[0] for task in tasks]
+                              for _ in range(_rounds())]
+                    for per_round in zip(*rounds):
+                        entries.append(suite.add(case, harness.merge_rounds(list(per_round)), W))
                     report.order(entries, labels)
                     finish_case(entries, W)
                     _print_case_rows(entries)

@@ -318,6 +318,21 @@ def shutil_rm(path) -> None:
 
 # ---------------------------------------------------------------- summaries
 
+def merge_rounds(raws: list[dict]) -> dict:
+    """One raw result from a task's rounds (``--rounds``): their timed runs, I/O and counters together,
+    the first round's warm-up and check, the largest peaks. An error in any round is the result."""
+    for r in raws:
+        if r.get("error") or "skipped" in r:
+            return r
+    out = dict(raws[0])
+    for key in ("times", "io", "counters", "run_peaks"):
+        out[key] = [x for r in raws for x in r.get(key) or []]
+    for key in ("peak_rss_growth", "peak_rss_growth_setup", "peak_rss_growth_runs"):
+        out[key] = max(r.get(key, 0) for r in raws)
+    out["rounds"] = len(raws)
+    return out
+
+
 def summarize_result(r: dict, work: float) -> dict:
     """Median, min, max, throughput (``work`` per median second) and I/O of one raw result."""
     if r.get("error") or not r.get("times"):
