@@ -3,6 +3,8 @@
 # From the project root: bash tpu_tests/gpu-check.sh [quick]  (carry .whl: zarr, numcodecs, donfig,
 # google-crc32c, dask, partd, locket for cp312). Each step is capped so the whole call ends in ~7 min;
 # "quick" (~1 min) runs only the jitted main job on both backends and tpu_tests/test_windows_hw.py.
+# "scale" (~2 min) runs only issue 16's process scaling on the machine's CPU cores (no GPU): sum with 1,
+# 2 and 4 jax.distributed processes on loopback, alternated in rounds (2 cores could not test it).
 set -u
 export PYTHONUNBUFFERED=1 XLA_PYTHON_CLIENT_PREALLOCATE=false TF_CPP_MIN_LOG_LEVEL=2
 ROOT="$(pwd)"
@@ -16,6 +18,12 @@ T0=$(date +%s); el(){ echo "== $1 at +$(( $(date +%s) - T0 ))s" | tee -a "$OUT/e
 if [ "${1:-}" = "quick" ]; then
   el demo; { for b in xla pallas; do echo "### backend=$b"; JASK_BACKEND=$b timeout 50 python3 -m jask.demo --data_dir=$SCR/demo --steps=5; echo "rc=$?"; done; } > "$OUT/demo.log" 2>&1
   el tpu_tests; timeout 70 python3 -m pytest tpu_tests/test_windows_hw.py -q -o addopts="" -p no:cacheprovider -rfE -s > "$OUT/tpu_tests.log" 2>&1; echo "rc=$?" >> "$OUT/tpu_tests.log"
+  el done; exit 0
+fi
+if [ "${1:-}" = "scale" ]; then
+  el scale; JAX_PLATFORMS=cpu timeout 200 python3 -m jask.bench --workload=sum --gib=0.5,2 --cache=warm --peers=raw-io \
+    --repeat=5 --rounds=2 --processes=1,2,4 --budget=64MB --data_dir=$SCR/sd --out=$SCR/sout > "$OUT/scale.log" 2>&1
+  echo "rc=$?" >> "$OUT/scale.log"; cp $SCR/sout/results.md "$OUT/scale_results.md" 2>/dev/null
   el done; exit 0
 fi
 el kernels
