@@ -1,6 +1,6 @@
 #!/bin/bash
 # One call on the lent GPU machine: install carried wheels, then run each check capped, logs to $OUT.
-# From the project root: bash tpu_tests/gpu-check.sh [quick]  (carry .whl: zarr, numcodecs, donfig,
+# From the project root: bash tpu_tests/gpu-check.sh [quick|scale]  (carry .whl: zarr, numcodecs, donfig,
 # google-crc32c, dask, partd, locket for cp312). Each step is capped so the whole call ends in ~7 min;
 # "quick" (~1 min) runs only the jitted main job on both backends and tpu_tests/test_windows_hw.py.
 # "scale" (~2 min) runs only issue 16's process scaling on the machine's CPU cores (no GPU): sum with 1,
