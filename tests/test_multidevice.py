@@ -169,7 +169,7 @@ PLACED = textwrap.dedent("""
             arrived.extend(v.devices() == {device} for v in vs if isinstance(v, jax.Array))
             return wrapped(values, dtype, device)
         return f
-    run_windows._stack, run_windows._place = spy(run_windows._stack), spy(run_windows._place)
+    run_windows._stack, run_windows._operand = spy(run_windows._stack), spy(run_windows._operand)
     init = executor.Executor.__init__
     def as_on_an_accelerator(self, *a, **k):
         init(self, *a, **k)
