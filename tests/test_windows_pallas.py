@@ -230,6 +230,15 @@ def test_refusals_found_compiling_on_a_tpu():
         legality.plan(Add(), half, f16, "tpu")
     assert legality.plan(Add(), _spec([(8, 128)] * 2, jnp.bfloat16, (1, 1), 1, 1, (8, 128)),
                          np.dtype(jnp.bfloat16), "tpu").kind == "pointwise"
+    i32, i64 = np.dtype(np.int32), np.dtype(np.int64)
+    int_dot = _spec([(16, 128), (128, 128)], i32, (1, 1), 1, 1, (16, 128))
+    with pytest.raises(WindowNotLegal, match="no tpu lowering for integer dot_general"):
+        legality.plan(Dot(), int_dot, i32, "tpu")
+    assert legality.plan(Dot(), int_dot, i32, "gpu").kind == "matmul"
+    assert legality.plan(Add(), _spec([(8, 128)] * 2, i32, (1, 1), 1, 1, (8, 128)), i32, "tpu").kind == "pointwise"
+    with jax.enable_x64(True):
+        with pytest.raises(WindowNotLegal, match="int64 vectors"):
+            legality.plan(Add(), _spec([(8, 128)] * 2, i64, (1, 1), 1, 1, (8, 128)), i64, "tpu")
 
 
 # ---------------------------------------------------------------- the lowering gate

@@ -8,6 +8,9 @@
 # test_kernels/test_ops/test_properties, 420 s cap; TESTS1_FILES and TESTS1_CAP change them) and tests2 (test_ops and
 # test_kernels, 400 s cap; TESTS2_CAP, TESTS2_FILES: 385 of their 695 tests fit in 440 s on 2026-12-06, so run
 # them one file per call).
+# Also: scale (issue 16's process scaling on the machine's 13 CPU cores, no TPU: sum with 1, 2 and 4 processes in
+# alternated rounds, SCALE_CAP 240 s; needs loopback TCP, which the TPU machine's sandbox refused on 2026-12-06) and
+# split (tpu_tests/split_probe.py: 1, 2, 4 independent processes summing shares of 2 GiB, no TCP needed).
 # Also: matmul (tpu_tests/matmul_probe.py 8192: the TPU matmul inner blocks against jnp) and hwslice (tests HW_FROM
 # to HW_TO, 1-based, of `pytest tpu_tests --co` order, HW_CAP seconds: on 2026-12-06 tests 1-265 of that order ran
 # after the scalar-prefetch change, so HW_FROM=266 HW_TO=325 runs the 60 OPS-table rows left). To run your own commands after `env`, append to PYTHONPATH
@@ -69,6 +72,15 @@ if want hwslice; then
     | sed -n "${HW_FROM:-1},${HW_TO:-100000}p" > /tmp/hwslice.txt
   timeout ${HW_CAP:-300} python3 -m pytest @/tmp/hwslice.txt -q -o addopts="" -p no:cacheprovider -rfE > "$OUT/hwslice.log" 2>&1
   echo "rc=$? ($(wc -l < /tmp/hwslice.txt) tests selected)" >> "$OUT/hwslice.log"
+fi
+if want scale; then
+  el scale; JAX_PLATFORMS=cpu timeout ${SCALE_CAP:-240} python3 -m jask.bench --workload=sum --gib=0.5,2 --cache=warm --peers=raw-io \
+    --repeat=5 --rounds=2 --processes=1,2,4 --budget=64MB --data_dir=$SCR/sd --out=$SCR/sout > "$OUT/scale.log" 2>&1
+  echo "rc=$?" >> "$OUT/scale.log"; cp $SCR/sout/results.md "$OUT/scale_results.md" 2>/dev/null
+fi
+if want split; then
+  el split; JAX_PLATFORMS=cpu timeout ${SPLIT_CAP:-180} python3 tpu_tests/split_probe.py $SCR/split 2 5 > "$OUT/split.log" 2>&1
+  echo "rc=$?" >> "$OUT/split.log"
 fi
 if want tests1; then
   el tests1; timeout ${TESTS1_CAP:-420} python3 -m pytest ${TESTS1_FILES:-tests} -q -o addopts="" -p no:cacheprovider -rfE --durations=15 -m "not slow" \

@@ -264,26 +264,35 @@ def gpu_plan(kind, spec, acc_dtype, limits: Limits = LIMITS, dots=()) -> Plan:
 # jax.export accepts them, Mosaic's compile does not. Their programs run as xla there.
 _TPU_ONLY = {"expm1", "sinh", "cosh", "atan", "asin", "acos", "asinh", "acosh", "atanh", "cbrt"}
 UNLOWERABLE = {"tpu": frozenset({"reduce_prod", "gather"} | _TPU_ONLY), "gpu": frozenset({"reduce_prod", "gather"})}
-# Dtypes Mosaic TPU could not load as vectors on a TPU v5e ("Invalid vector type for load").
-UNLOADABLE_DTYPES = {"tpu": frozenset({"float16"}), "gpu": frozenset()}
+# Dtypes a TPU v5e could not run in a Pallas program: float16 ("Invalid vector type for load"), and
+# 64-bit ones (2026-12-06: XLA's pass that rewrites X64 element types has no rule for a pallas_call).
+UNLOADABLE_DTYPES = {"tpu": frozenset({"float16", "int64", "uint64", "float64", "complex128"}), "gpu": frozenset()}
 
 
-def _all_prims(jaxpr) -> set:
-    """Primitive names of ``jaxpr`` and of every jaxpr nested in its equations' parameters."""
-    names = set()
+def _all_eqns(jaxpr):
+    """The equations of ``jaxpr`` and of every jaxpr nested in their parameters."""
     for eqn in jaxpr.eqns:
-        names.add(eqn.primitive.name)
+        yield eqn
         for v in eqn.params.values():
             for sub in (v if isinstance(v, (tuple, list)) else (v,)):
                 inner = getattr(sub, "jaxpr", sub)
                 if hasattr(inner, "eqns"):
-                    names |= _all_prims(inner)
-    return names
+                    yield from _all_eqns(inner)
+
+
+def _all_prims(jaxpr) -> set:
+    return {eqn.primitive.name for eqn in _all_eqns(jaxpr)}
+
+
+def _integer_dot(jaxpr) -> bool:
+    """A ``dot_general`` of integer operands: Mosaic TPU refused int32 ones on a v5e ("Bad lhs type")."""
+    return any(eqn.primitive.name == "dot_general"
+               and not np.issubdtype(eqn.invars[0].aval.dtype, np.inexact) for eqn in _all_eqns(jaxpr))
 
 
 def unlowerable(op, spec, acc_dtype, target: str) -> str | None:
     """What of ``op``'s program Pallas cannot lower on ``target`` (None if all can): the first such
-    primitive, else a dtype it cannot load, as ``"<dtype> vectors"`` (e.g. ``"float16 vectors"``)."""
+    primitive (or ``"integer dot_general"``), else a dtype it cannot load, as ``"<dtype> vectors"``."""
     import jax
     fwd = jax.make_jaxpr(op.forward_block)(*spec.leaf_structs).jaxpr
     acc = jax.ShapeDtypeStruct(spec.out_block, acc_dtype)
@@ -291,6 +300,8 @@ def unlowerable(op, spec, acc_dtype, target: str) -> str | None:
     bad = sorted((_all_prims(fwd) | _all_prims(comb)) & UNLOWERABLE.get(target, frozenset()))
     if bad:
         return bad[0]
+    if target == "tpu" and _integer_dot(fwd):
+        return "integer dot_general"
     dtypes = {str(x.dtype) for x in spec.leaf_structs} | {str(acc_dtype)}
     dtypes |= {str(v.aval.dtype) for v in fwd.outvars if hasattr(v, "aval")}
     unloadable = sorted(dtypes & UNLOADABLE_DTYPES.get(target, frozenset()))
