@@ -82,3 +82,24 @@ def test_rounds_alternate_one_and_two_processes_and_pool_their_runs(tmp_path):
 def test_rounds_need_one_subprocess_per_system(tmp_path):
     proc = _bench(tmp_path, "--workload=sum", "--rounds=2", "--isolate=system", timeout=120)
     assert proc.returncode != 0 and "--rounds alternates one subprocess per system" in proc.stderr, proc.stderr[-2000:]
+
+
+def test_processes_refused_up_front_where_loopback_tcp_is_refused(tmp_path):
+    """The lent TPU machine's sandbox refuses IPv4 sockets: ``--processes=1,2`` then stops before writing
+    any data, naming the flag and the cause, instead of a traceback from the first child's start."""
+    breaks_sockets = ("import errno, runpy, socket, sys\n"
+                      "class Refused(socket.socket):\n"
+                      "    def __init__(self, *a, **k):\n"
+                      "        raise OSError(errno.EAFNOSUPPORT, 'Address family not supported by protocol')\n"
+                      "socket.socket = Refused\n"
+                      "sys.argv = ['jask.bench'] + sys.argv[1:]\n"
+                      "runpy.run_module('jask.bench', run_name='__main__')\n")
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [ROOT, os.environ.get("PYTHONPATH")])))
+    data = tmp_path / "data"
+    proc = subprocess.run([sys.executable, "-c", breaks_sockets, "--workload=sum", "--gib=0.004", "--processes=1,2",
+                           f"--out={tmp_path / 'out'}", f"--data_dir={data}"],
+                          cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120)
+    assert proc.returncode != 0
+    assert "--processes=1,2: jax.distributed processes talk over loopback TCP" in proc.stderr, proc.stderr[-2000:]
+    assert "Address family not supported" in proc.stderr
+    assert not any(p.is_file() for p in data.rglob("*")), list(data.rglob("*"))

@@ -271,7 +271,7 @@ def _run_batch(tasks: list[Task], timeout: float) -> list[dict]:
             # on a CPU-only machine the child gets this many host devices (accelerators ignore it)
             env["XLA_FLAGS"] = f"{env.get('XLA_FLAGS', '')} --xla_force_host_platform_device_count={n_devices}".strip()
         if n > 1:
-            env.update(JASK_BENCH_COORDINATOR=f"127.0.0.1:{_free_port()}", JAX_PLATFORMS="cpu")
+            env.update(JASK_BENCH_COORDINATOR=f"127.0.0.1:{free_port()}", JAX_PLATFORMS="cpu")
         procs = [subprocess.Popen([sys.executable, "-m", "jask.bench.harness", tin, outs[i]],
                                   env=dict(env, JASK_BENCH_PROCESS=str(i)), stdout=subprocess.PIPE,
                                   stderr=subprocess.PIPE, text=True) for i in range(n)]
@@ -297,11 +297,20 @@ def _run_batch(tasks: list[Task], timeout: float) -> list[dict]:
     return results
 
 
-def _free_port() -> int:
+class NoLoopback(RuntimeError):
+    """This machine refuses loopback TCP, which a multi-process run's ``jax.distributed`` needs."""
+
+
+def free_port() -> int:
+    """A free loopback TCP port, or :class:`NoLoopback` (the lent TPU machine's sandbox refuses IPv4 sockets)."""
     import socket
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+    try:
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            return s.getsockname()[1]
+    except OSError as e:
+        raise NoLoopback(f"jax.distributed processes talk over loopback TCP, and this machine refuses a "
+                         f"socket on 127.0.0.1 ({e})") from e
 
 
 def _tail(text, n=1500) -> str:

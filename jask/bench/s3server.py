@@ -8,11 +8,12 @@ full access and its key, and every later request must be signed with that key.
 from __future__ import annotations
 
 import os
-import socket
 import subprocess
 import sys
 import time
 import urllib.request
+
+from jask.bench.harness import free_port
 
 _AUTH_SETUP_CALLS = 3   # create user, attach its policy, create its key
 
@@ -28,12 +29,6 @@ def moto_missing() -> str | None:
     return None
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 class S3Server:
     """``python -m moto.server`` on 127.0.0.1 at a free port; :meth:`stop` ends it.
 
@@ -41,7 +36,7 @@ class S3Server:
     """
 
     def __init__(self, auth: bool = False, start_timeout: float = 60.0):
-        self.port = _free_port()
+        self.port = free_port()
         self.endpoint = f"http://127.0.0.1:{self.port}"
         env = dict(os.environ, AWS_DEFAULT_REGION="us-east-1")
         if auth:
