@@ -104,7 +104,7 @@ def main(argv):
         later_b = sum(s.bytes_read for s in steps[1:])
         print(f"after the first step (which compiles): {later_b / later_s / 1e9:.2f} GB/s read, "
               f"{later_s / (len(steps) - 1):.2f} s/step, X read {later_b / (len(steps) - 1) / X.nbytes:.2f} "
-              "times per step (the loss pass and the gradient's pass)")
+              "times per step (w's gradient is computed in the loss's pass over X)")
     print(f"bytes read {p.bytes_read / 2**30:.2f} GiB, written {p.bytes_written / 2**20:.1f} MiB")
     print(memory_lines(p, steps, baseline, budget))
     print(f"final loss {float(loss):.6f}; data set kept at {os.path.abspath(FLAGS.data_dir)} "

@@ -276,12 +276,9 @@ def _run_settings(suite: Suite):
     if _rounds() > 1 and isolate != "task":
         raise app.UsageError("--rounds alternates one subprocess per system and case: it needs --isolate=task "
                              "(and no --quick)")
-    if any(p > 1 for _, p in _jask_variants()):
-        try:
-            harness.free_port()
-        except harness.NoLoopback as e:
-            raise app.UsageError(f"--processes={','.join(FLAGS.processes)}: {e}; run without --processes "
-                                 "or where 127.0.0.1 sockets work") from None
+    if any(p > 1 for _, p in _jask_variants()) and (why := harness.loopback_problem()):
+        raise app.UsageError(f"--processes={','.join(FLAGS.processes)}: {why}; run without --processes "
+                             "or where 127.0.0.1 sockets work")
     repeat = 1 if FLAGS.quick else FLAGS.repeat
     warmup = 0 if FLAGS.quick else FLAGS.warmup
     suite.meta.update(data_dir=data_dir, data_fs=fstype, layout=FLAGS.layout, isolate=isolate, repeat=repeat,

@@ -301,6 +301,15 @@ class NoLoopback(RuntimeError):
     """This machine refuses loopback TCP, which a multi-process run's ``jax.distributed`` needs."""
 
 
+def loopback_problem() -> str | None:
+    """Why this machine cannot run a multi-process benchmark (no loopback TCP), or None."""
+    try:
+        free_port()
+    except NoLoopback as e:
+        return str(e)
+    return None
+
+
 def free_port() -> int:
     """A free loopback TCP port, or :class:`NoLoopback` (the lent TPU machine's sandbox refuses IPv4 sockets)."""
     import socket

@@ -19,8 +19,8 @@ from jask.exec import events, multihost
 from jask.exec.devices import compute_device, compute_devices
 from jask.exec.executor import Executor, pass_devices, region_bytes, usable_devices, window_limit
 from jask.exec.run_windows import kernels_cache
-from jask.exec.schedule import spread, window_input_bytes
-from jask.exec.sinks import ScratchSink
+from jask.exec.schedule import one_pass_reduction, spread, window_input_bytes
+from jask.exec.sinks import MemorySink, ScratchSink
 from jask.graph.nodes import Node, OpNode
 from jask.graph.op import CustomOp
 from jask.graph.tiling import grid, region
@@ -69,32 +69,62 @@ _deferred: list = []          # weak references to nodes the next run stores too
 _deferred_lock = threading.Lock()
 
 
-def store_with_next_run(nodes) -> None:
+def store_with_next_run(nodes, optional: bool = False) -> None:
     """Have the next :func:`run`, whatever it computes, also store ``nodes`` to scratch, in its plan.
 
     For values needed later that the next computation reads anyway (an
     optimizer's moments, read again by the parameter update): stored in the
     same pass instead of one of their own. A node dropped meanwhile is skipped.
+    ``optional``: only a saving (a gradient's residual), which a run that shares
+    a loss's pass with its gradients (:func:`run_sharing_pass`) drops.
     """
     with _deferred_lock:
-        _deferred.extend(weakref.ref(n) for n in nodes)
+        _deferred.extend((weakref.ref(n), optional) for n in nodes)
 
 
-def _take_deferred(roots) -> list[OpNode]:
+def _take_deferred(roots, drop_optional: bool = False) -> list[OpNode]:
     taken = set(id(r.resolved()) for r in roots)
     out = []
     with _deferred_lock:
         refs = _deferred[:]
         _deferred.clear()
-    for ref in refs:
+    for ref, optional in refs:
         n = ref()
-        if isinstance(n, OpNode) and n.result is None and n.shape != () and id(n) not in taken:
+        if (isinstance(n, OpNode) and n.result is None and n.shape != () and id(n) not in taken
+                and not (optional and drop_optional)):
             taken.add(id(n))
             out.append(n)
     return out
 
 
-def run(roots, make_sinks=None):
+def run_sharing_pass(root, extras):
+    """Compute the scalar ``root`` and, in its pass, those of the small ``extras`` the planner joins to it.
+
+    ``extras`` are reductions to one tile (the unit gradients of :mod:`jask.hijax.unit_grads`); one the
+    planner would compute in a pass of its own is left out, and with none left this is ``run([root])``.
+    Returns the root's value and ``{id(extra): NumPy array}`` of those computed. Optional deferred
+    stores (residuals a shared pass makes unneeded) are dropped from a shared run.
+    """
+    kept = list(extras) if multihost.processes()[1] == 1 else []
+    while kept:
+        try:
+            p = make_plan([root, *kept])
+        except ValueError:    # over the budget together: the root alone
+            kept = []
+            break
+        group = next(g for g in p.groups if any(m is root.resolved() for m in g))
+        joined = [e for e in kept if any(m is e.resolved() for m in group)]
+        if len(joined) == len(kept):
+            break
+        one_tile = [e for e in kept if all(g == 1 for g in grid(e.shape, p.tile))]
+        kept = one_tile if len(one_tile) < len(kept) else joined   # first drop what cannot join at all
+    if not kept:
+        return run([root])[0], {}
+    values = run([root, *kept], lambda n, tile: MemorySink(n, tile), drop_optional=True)
+    return values[0], {id(e): v for e, v in zip(kept, values[1:])}
+
+
+def run(roots, make_sinks=None, drop_optional: bool = False):
     """Compute ``roots``; returns one result per root.
 
     Scalar roots (shape ``()``) return a NumPy scalar. Other roots are written by
@@ -103,7 +133,7 @@ def run(roots, make_sinks=None):
     :func:`store_with_next_run` are stored in the same plan.
     """
     roots = list(roots)
-    extra = _take_deferred(roots)
+    extra = _take_deferred(roots, drop_optional)
     p = None
     try:
         p = make_plan(roots + extra)
@@ -112,7 +142,7 @@ def run(roots, make_sinks=None):
         with jax.default_device(devices[0]):
             return _run(p, roots, make_sinks, devices)
     except BaseException:
-        store_with_next_run([n for n in extra if n.result is None])   # still wanted
+        store_with_next_run([n for n in extra if n.result is None])   # still wanted (as required, now)
         raise
     finally:
         if p is not None and p.projected_bytes >= RELEASE_AFTER_BYTES:
@@ -140,9 +170,12 @@ def _run(p: Plan, roots, make_sinks, devices=None):
                 results[i] = _copy(ex, rr, multihost.unshared(sink) if many else sink)
             else:
                 results[i] = rr
-    for group in p.groups:
+    for group in _groups(p, many):
         node = group[0]
         i = root_ids.get(id(node))
+        if one_pass_reduction(p, group):
+            _one_pass(p, ex, group, root_ids, results, make_sinks)
+            continue
         if node.shape == () and i is not None:
             try:
                 results[i] = _scalar(p, ex, group, many)
@@ -173,6 +206,36 @@ def _run(p: Plan, roots, make_sinks, devices=None):
             if id(n) in root_ids:
                 results[root_ids[id(n)]] = out
     return results
+
+
+def _groups(p: Plan, many: bool) -> list:
+    """The plan's groups; in a multi-process run a one-pass group's members run one by one (each
+    process folds a member's partial as for a lone reduction)."""
+    if not many:
+        return p.groups
+    return [part for g in p.groups for part in ([[n] for n in g] if one_pass_reduction(p, g) else [g])]
+
+
+def _one_pass(p: Plan, ex: Executor, group, root_ids, results, make_sinks) -> None:
+    """Reductions to one tile each, computed in one pass: scalar roots to ``results``, the rest to sinks."""
+    sinks = {id(n): (make_sinks(n, p.tile) if id(n) in root_ids and make_sinks is not None
+                     else ScratchSink(n, p.tile)) for n in group if n.shape != () or id(n) not in root_ids}
+    try:
+        for node, idx, tile in ex.run_windows(group, [()]):
+            if id(node) in sinks:
+                sinks[id(node)].write(region(idx, node.shape, p.tile), np.asarray(tile))
+            else:
+                results[root_ids[id(node)]] = np.asarray(tile)
+            events.count(tiles=1)
+    except BaseException:
+        for sink in sinks.values():
+            sink.abort()
+        raise
+    for node in group:
+        if id(node) in sinks:
+            out = sinks[id(node)].finish()
+            if id(node) in root_ids:
+                results[root_ids[id(node)]] = out
 
 
 def _scalar(p: Plan, ex: Executor, group, many: bool):

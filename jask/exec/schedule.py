@@ -32,6 +32,7 @@ import numpy as np
 
 from jask.plan.fusion import entries_of, entry_program
 from jask.graph.nodes import OpNode, StoredNode, ZerosNode
+from jask.graph.tiling import grid
 from jask.io.reader import TileKey
 from jask.kernels.window import WindowSpec
 from jask.plan.memory import SLOTS_FIXED, SLOTS_PER_LEAF, SLOTS_PER_OP
@@ -115,9 +116,10 @@ class _Draft:
         return got
 
     # -- costs, without changing the draft
-    def cost(self, node, idx, entries) -> tuple[int, int]:
-        """``(projected bytes, input bytes)`` that scheduling these entries would add to the window."""
-        seen: set = set()
+    def cost(self, node, idx, entries, seen=None) -> tuple[int, int]:
+        """``(projected bytes, input bytes)`` that scheduling these entries would add to the window
+        (``seen``: value keys already costed for other nodes' entries going in with these)."""
+        seen = set() if seen is None else seen
         total = [0, 0]
 
         def walk(n, block, ents):
@@ -273,19 +275,21 @@ def windows(plan, group, indices, limit_bytes: int, batch_bytes: int = WINDOW_IN
     """
     stage_ids = {id(n) for n in group}
     draft = _Draft(plan, stage_ids)
+    one_pass = one_pass_reduction(plan, group)
     for idx, per_node, (lo, hi) in _shared_tiles(plan, group, indices, share):
-        split = len(group) == 1 and len(per_node[0][1]) > 1
-        if split:
-            node, entries = per_node[0]
-            for e in entries[lo:hi]:
-                cost = draft.cost(node, idx, [e])
-                if draft.full(cost, limit_bytes, batch_bytes):
+        if one_pass or (len(group) == 1 and len(per_node[0][1]) > 1):
+            # a reduction tile split into entries; members of a one-pass group take entry k together
+            at = [(n, _member_index(n, idx, one_pass), ents) for n, ents in per_node]
+            for k in range(lo, hi):
+                cost = _entry_cost(draft, at, k)
+                if draft.full(cost, limit_bytes, batch_bytes, len(at)):
                     yield draft.seal()
                     draft = _Draft(plan, stage_ids)
-                    cost = draft.cost(node, idx, [e])
+                    cost = _entry_cost(draft, at, k)
                 draft.take(cost)
-                draft.add(node, idx, [e])
-            draft.done.append((node, idx))
+                for n, i, ents in at:
+                    draft.add(n, i, [ents[k]])
+            draft.done.extend((n, i) for n, i, _ in at)
             continue
         costs = [draft.cost(n, idx, ents) for n, ents in per_node]
         cost = (sum(c[0] for c in costs), sum(c[1] for c in costs))
@@ -305,6 +309,27 @@ def windows(plan, group, indices, limit_bytes: int, batch_bytes: int = WINDOW_IN
         yield draft.seal()
 
 
+def one_pass_reduction(plan, group) -> bool:
+    """Whether ``group`` is reductions to one tile each, sharing a pass entry by entry (the planner's
+    one-pass join; a lockstep group's members have one entry per tile)."""
+    if len(group) < 2 or any(any(g != 1 for g in grid(n.shape, plan.tile)) for n in group):
+        return False
+    first = group[0]
+    return len(entries_of(plan.prepared[id(first)], first, (0,) * first.ndim)) > 1
+
+
+def _member_index(node, idx, one_pass):
+    """A member's output tile: its only one in a one-pass group (members differ in shape), else ``idx``."""
+    return (0,) * node.ndim if one_pass else idx
+
+
+def _entry_cost(draft, at, k):
+    """The cost of entry ``k`` of every ``(node, tile, entries)`` in ``at``, shared reads counted once."""
+    seen: set = set()
+    costs = [draft.cost(n, i, [ents[k]], seen) for n, i, ents in at]
+    return sum(c[0] for c in costs), sum(c[1] for c in costs)
+
+
 def _shared_tiles(plan, group, indices, share):
     """``(idx, per_node, (lo, hi))`` for each tile with units in share ``(d, n)``: entries ``lo:hi`` of a
     split tile, ``(0, 1)`` for a whole one."""
@@ -312,14 +337,16 @@ def _shared_tiles(plan, group, indices, share):
     if not 0 <= d < n:
         raise ValueError(f"share {d} of {n} does not exist")
     tiles = []
+    one_pass = one_pass_reduction(plan, group)
     for idx in indices:
         idx = tuple(idx)
         try:
-            per_node = [(nd, entries_of(plan.prepared[id(nd)], nd, idx)) for nd in group]
+            per_node = [(nd, entries_of(plan.prepared[id(nd)], nd, _member_index(nd, idx, one_pass)))
+                        for nd in group]
         except Exception as e:
             e.add_note(f"while scheduling tile {idx} of {' + '.join(plan.prepared[id(nd)].name for nd in group)}")
             raise
-        units = len(per_node[0][1]) if len(group) == 1 and len(per_node[0][1]) > 1 else 1
+        units = len(per_node[0][1]) if (len(group) == 1 or one_pass) and len(per_node[0][1]) > 1 else 1
         if n == 1:
             yield idx, per_node, (0, units)
         else:

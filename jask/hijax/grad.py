@@ -13,8 +13,16 @@ from collections import defaultdict
 import jax
 import numpy as np
 
+from jask.graph.nodes import OpNode, OpSpec
 from jask.graph.op import BlockParallelOp, CustomOp
 from jask.hijax import compat
+
+
+def gradient_node(spec: OpSpec, wrt: int, nodes) -> OpNode:
+    """The lazy gradient of input ``wrt`` of the op application ``spec(*nodes[1:])`` for cotangent ``nodes[0]``."""
+    grad_cls = CustomGradOp if issubclass(spec.cls, CustomOp) else GradOp
+    return OpNode(OpSpec(grad_cls, (("forward", spec), ("wrt", wrt)), name=f"grad[{spec.name}]"),
+                  nodes, nodes[1 + wrt].shape, nodes[1 + wrt].dtype)
 
 
 class GradOp(BlockParallelOp):

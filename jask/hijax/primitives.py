@@ -17,11 +17,12 @@ import numpy as np
 
 from jask.exec.driver import run
 from jask.graph.nodes import OpNode, OpSpec
-from jask.graph.op import CustomOp, TiledInput, _Op
+from jask.graph.op import TiledInput, _Op
 from jask.graph.tiling import block_shape
 from jask.hijax import compat, runtime
 from jask.hijax.array import DiskArrayType, is_disk_array
-from jask.hijax.grad import CustomGradOp, GradOp
+from jask.hijax import unit_grads
+from jask.hijax.grad import gradient_node
 from jask.hijax.residuals import keep_small_residuals
 from jask.plan.tiling import default_tile
 
@@ -58,19 +59,23 @@ def output_type(spec: OpSpec, op, types):
 class OpPrimitive(compat.HiPrimitive):
     """One application of a BlockParallelOp (or CustomOp) to DiskArrays."""
 
-    def __init__(self, spec: OpSpec, in_types, out_type):
+    def __init__(self, spec: OpSpec, in_types, out_type, loss: bool = False):
         self.in_avals = tuple(in_types)
         self.out_aval = out_type
-        self.params = dict(spec=spec, signature=(tuple(in_types), out_type))
+        self.params = dict(spec=spec, signature=(tuple(in_types), out_type), loss=loss)
         super().__init__()
 
     def expand(self, *args):
-        (out,) = runtime.host_call(ApplyOp(self.spec), (self.out_aval,),
+        (out,) = runtime.host_call(ApplyOp(self.spec, self.loss), (self.out_aval,),
                                    [runtime.ref_of(a) for a in args], _array_flags(self.in_avals))
         return out
 
     def vjp_fwd(self, nzs_in, *args):
-        out = self(*args)
+        if self.out_aval.shape == () and not self.loss:
+            # a scalar under differentiation: its run also computes small weights' unit gradients
+            out = OpPrimitive(self.spec, self.in_avals, self.out_aval, loss=True)(*args)
+        else:
+            out = self(*args)
         return out, keep_small_residuals(args, self.in_avals)
 
     def vjp_bwd(self, res, g, *accums):
@@ -120,6 +125,7 @@ class ApplyOp:
     """Host function: add the op's node to the graph (and run it, if its output is a scalar)."""
 
     spec: OpSpec
+    loss: bool = False      # differentiated: small inputs' unit gradients share the run (unit_grads)
 
     def __call__(self, *inputs):
         nodes = tuple(runtime.as_node(i) for i in inputs)
@@ -127,7 +133,7 @@ class ApplyOp:
         out = output_type(self.spec, call_time_op(self.spec, types), types)
         node = OpNode(self.spec, nodes, out.shape, out.dtype)
         if out.shape == ():
-            return run([node])
+            return (unit_grads.run_loss(node),) if self.loss else run([node])
         return (node,)
 
 
@@ -140,14 +146,18 @@ class ApplyBackward:
 
     def __call__(self, g, *inputs):
         nodes = tuple(runtime.as_node(x) for x in (g, *inputs))
-        grad_cls = CustomGradOp if issubclass(self.spec.cls, CustomOp) else GradOp
-        grads = [OpNode(OpSpec(grad_cls, (("forward", self.spec), ("wrt", i)), name=f"grad[{self.spec.name}]"),
-                        nodes, nodes[1 + i].shape, nodes[1 + i].dtype)
-                 for i in self.wanted]
+        grads = [self._gradient(nodes, i, unit_grads.cotangent_scale(self.spec, nodes)) for i in self.wanted]
         # a scalar operand's gradient is a reduction over every tile: computed now, returned as a value
         scalars = [n for n in grads if n.shape == ()]
         values = dict(zip(map(id, scalars), run(scalars))) if scalars else {}
         return tuple(values.get(id(n), n) for n in grads)
+
+    def _gradient(self, nodes, i, scale):
+        """Input ``i``'s gradient: computed in the loss's pass if the walk has it, else a lazy node."""
+        if scale is None:
+            return gradient_node(self.spec, i, nodes)
+        known = unit_grads.known_contribution(nodes, i, scale)
+        return known if known is not None else unit_grads.tag_through(gradient_node(self.spec, i, nodes), i, scale)
 
 
 def _inexact(aval) -> bool:

@@ -76,7 +76,8 @@ class _Persist:
 
     def __call__(self, *nodes):
         if self.defer:
-            store_with_next_run([n for n in nodes if self.only is None or self.only(n)])
+            # a predicate marks a gradient's residuals: a saving, which a shared loss pass drops
+            store_with_next_run([n for n in nodes if self.only is None or self.only(n)], optional=self.only is not None)
             return nodes
         return tuple(run(nodes))
 

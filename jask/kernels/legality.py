@@ -286,8 +286,9 @@ def _all_prims(jaxpr) -> set:
 
 def _integer_dot(jaxpr) -> bool:
     """A ``dot_general`` of integer operands: Mosaic TPU refused int32 ones on a v5e ("Bad lhs type")."""
+    import jax.numpy as jnp   # its issubdtype knows bfloat16 is a float (NumPy's does not)
     return any(eqn.primitive.name == "dot_general"
-               and not np.issubdtype(eqn.invars[0].aval.dtype, np.inexact) for eqn in _all_eqns(jaxpr))
+               and not jnp.issubdtype(eqn.invars[0].aval.dtype, jnp.inexact) for eqn in _all_eqns(jaxpr))
 
 
 def unlowerable(op, spec, acc_dtype, target: str) -> str | None:

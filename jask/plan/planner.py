@@ -119,25 +119,35 @@ def plan(roots, planned_reads) -> Plan:
     return p
 
 
-def _plan_at(roots, order, tile):
+def _plan_at(roots, order, tile, one_pass=True):
     """The plan at one tile edge: ``(plan or None if over budget, projected bytes, stage names,
-    whether a lockstep join was refused for the budget)``."""
+    whether a lockstep join was refused for the budget)``.
+
+    One-tile reductions among the roots share a pass when they can (:func:`_lockstep_groups`); the
+    chains feeding them are then fused even with several consumers. Where they cannot all join one
+    group, the plan is made again without that, so nothing is recomputed for a pass not shared.
+    """
     root_ids = {id(r.resolved()) for r in roots}
     copied = [r.resolved() for r in roots if not isinstance(r.resolved(), OpNode) and r.shape != ()]
     prepared = {id(n): _prepare(n, tile, _prepared_cache) for n in order}
     live = lambda n: live_positions(n, prepared[id(n)].op)
     live_order, edges = collect(roots, live)
+    co = _one_tile_reductions(roots, prepared, tile) if config.fusion and one_pass else set()
+    below_co = _feeding_only(co, live_order, edges, root_ids)
     fused_ids, chain = set(), {}
     for n in live_order:  # producers come before consumers
         chain[id(n)] = 1 + max((chain[id(i.resolved())] for i in n.inputs if id(i.resolved()) in fused_ids),
                                default=0)
         if (config.fusion and id(n) not in root_ids and chain[id(n)] < MAX_FUSED_CHAIN
-                and _should_fuse(n, edges[id(n)], prepared, fused_ids, tile, live)):
+                and _should_fuse(n, edges[id(n)], prepared, fused_ids, tile, live, id(n) in below_co)):
             fused_ids.add(id(n))
     fused = [n for n in live_order if id(n) in fused_ids]
     stages = [n for n in live_order if id(n) not in fused_ids]
     groups, refused = _lockstep_groups(stages, prepared, fused_ids, tile, live, config.memory_budget,
-                                       in_step=config.fusion)
+                                       in_step=config.fusion, one_pass=co)
+    if co and not any(co <= {id(m) for m in g} for g in groups):
+        p, need, names, also_refused = _plan_at(roots, order, tile, one_pass=False)
+        return p, need, names, refused or also_refused
     need = max(projected_bytes(groups, fused_ids, tile, live),
                max(((SLOTS_PER_LEAF + SLOTS_FIXED) * tile_bytes(r, tile) for r in copied), default=0))
     names = ", ".join(prepared[id(n)].name for n in stages)
@@ -147,8 +157,32 @@ def _plan_at(roots, order, tile):
     return p, need, names, refused
 
 
+def _one_tile_reductions(roots, prepared, tile) -> set:
+    """Ids of the roots that reduce to a single output tile over several entries (a loss, a small weight's
+    gradient), when there are two or more: they may share one pass over what they read."""
+    found = set()
+    for r in roots:
+        n = r.resolved()
+        if (isinstance(n, OpNode) and id(n) in prepared and not isinstance(prepared[id(n)].op, CustomOp)
+                and all(g == 1 for g in grid(n.shape, tile))
+                and len(entries_of(prepared[id(n)], n, (0,) * n.ndim)) > 1):
+            found.add(id(n))
+    return found if len(found) > 1 else set()
+
+
+def _feeding_only(targets, live_order, edges, root_ids) -> set:
+    """Ids of the non-root nodes whose every consumer is in ``targets`` or is itself such a node."""
+    below = set()
+    for n in reversed(live_order):    # consumers before producers
+        uses = edges[id(n)]
+        if (id(n) not in targets and id(n) not in root_ids and uses
+                and all(id(c) in targets or id(c) in below for c, _ in uses)):
+            below.add(id(n))
+    return below
+
+
 def _lockstep_groups(stages, prepared, fused_ids, tile, live, budget,
-                     in_step: bool = True) -> tuple[list[list[OpNode]], bool]:
+                     in_step: bool = True, one_pass=frozenset()) -> tuple[list[list[OpNode]], bool]:
     """Split stages into groups computed tile by tile together, sharing reads.
 
     Consecutive stages join one group when they have the same shape and each
@@ -163,10 +197,25 @@ def _lockstep_groups(stages, prepared, fused_ids, tile, live, budget,
     stays within ``budget``: sharing reads is never worth a refused plan (the
     planner may take a smaller tile for it: :func:`plan`). Returns the groups
     and whether a join was refused only for the budget.
+
+    Consecutive ``one_pass`` stages (roots reducing to one tile each, see
+    :func:`_one_tile_reductions`) with as many entries each, that read a leaf
+    in common and none of each other, join one group too: the schedule then
+    takes entry k of every member into the same window, so a loss and the
+    gradients of small weights below it read X once together.
     """
     groups: list[list[OpNode]] = []
     joinable = refused = False
     for node in stages:
+        if id(node) in one_pass and groups and all(id(m) in one_pass for m in groups[-1]):
+            if _shares_a_pass(node, groups[-1], prepared, fused_ids, live):
+                if group_bytes(groups[-1] + [node], fused_ids, tile, live) <= budget:
+                    groups[-1].append(node)
+                    continue
+                refused = True
+            groups.append([node])
+            joinable = False
+            continue
         simple = (node.shape != () and not isinstance(prepared[id(node)].op, CustomOp)
                   and _one_entry_per_tile(node, prepared[id(node)], tile))
         if (simple and joinable and groups[-1][0].shape == node.shape
@@ -178,6 +227,16 @@ def _lockstep_groups(stages, prepared, fused_ids, tile, live, budget,
         groups.append([node])
         joinable = simple
     return groups, refused
+
+
+def _shares_a_pass(node, members, prepared, fused_ids, live) -> bool:
+    """Whether ``node`` can take its entries together with one-tile reductions ``members``: as many
+    entries, a leaf in common, and no member's output among what it reads."""
+    count = lambda n: len(entries_of(prepared[id(n)], n, (0,) * n.ndim))
+    leaves = {id(x) for x in leaves_and_ops(node, fused_ids, live)[0]}
+    theirs = {id(x) for m in members for x in leaves_and_ops(m, fused_ids, live)[0]}
+    return (count(node) == count(members[0]) and bool(leaves & theirs)
+            and not leaves & {id(m) for m in members})
 
 
 def _reads_members_in_step(node, members, prepared, fused_ids, tile, live, allowed=True) -> bool:
@@ -218,7 +277,7 @@ def _one_entry_per_tile(node: OpNode, prep: Prepared, tile: int) -> bool:
     return len(entries_of(prep, node, (0,) * node.ndim)) == 1
 
 
-def _should_fuse(node, edges, prepared, fused_ids, tile, live) -> bool:
+def _should_fuse(node, edges, prepared, fused_ids, tile, live, feeds_one_pass=False) -> bool:
     """Fuse (recompute per consumer tile) or materialize? The planner's one cost rule.
 
     A node is fused only if each consumer reads each of its tiles at most once.
@@ -228,6 +287,9 @@ def _should_fuse(node, edges, prepared, fused_ids, tile, live) -> bool:
     ``L`` (one read of the leaves) + 1 (the write) + ``c`` (reading it back).
     Recompute only chains of one-entry-per-tile ops (elementwise work), never a
     contraction, whose per-tile reads are far larger than ``L`` suggests.
+    ``feeds_one_pass``: every consumer leads only to one-tile reductions that
+    share a pass (:func:`_lockstep_groups`), where each window computes the
+    node's tile once for all of them, so such a chain is always fused.
     """
     if isinstance(prepared[id(node)].op, CustomOp):
         return False
@@ -242,6 +304,8 @@ def _should_fuse(node, edges, prepared, fused_ids, tile, live) -> bool:
     leaves, ops = leaves_and_ops(node, fused_ids, live)
     if not all(_one_entry_per_tile(n, prepared[id(n)], tile) for n in ops):
         return False
+    if feeds_one_pass:
+        return True
     ratio = sum(0 if isinstance(leaf, ZerosNode) else nbytes(leaf) for leaf in leaves) / max(nbytes(node), 1)
     c = len(edges)
     return c * ratio <= ratio + 1 + c

@@ -1,0 +1,143 @@
+"""Small weights' gradients computed in the loss's own pass over X (jask/hijax/unit_grads.py).
+
+X tiles are counted at the reader (``before_tile_read``), so the counts cannot
+drift with timing; every value is checked against ``jax`` on the same NumPy data.
+Where a gradient cannot be answered from the loss pass (a big input's gradient,
+an intermediate used twice, a weight of several tiles) it takes the ordinary
+lazy path, and the results must still be right.
+"""
+import os
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import jask
+from jask.hijax import unit_grads
+from jask.io import faults
+
+N, F, TILE = 512, 64, 64
+
+
+@pytest.fixture
+def data(tmp_path):
+    rng = np.random.default_rng(3)
+    arrays = {"X": rng.standard_normal((N, F)), "y": rng.standard_normal((N, 1)),
+              "w": rng.standard_normal((F, 1)) * 0.1, "v": rng.standard_normal((F, 1)) * 0.1}
+    arrays = {k: a.astype(np.float32) for k, a in arrays.items()}
+    for name, a in arrays.items():
+        jask.to_zarr(jask.from_numpy(a), str(tmp_path / f"{name}.zarr"), chunks=tuple(min(TILE, d) for d in a.shape))
+    jask.config.update("tile", TILE)
+    disk = {k: jask.from_zarr(str(tmp_path / f"{k}.zarr")) for k in arrays}
+    return arrays, disk, str(tmp_path / "X.zarr")
+
+
+def _passes_over_x(fn, x_path):
+    recorder = faults.Recorder()
+    with faults.armed(recorder):
+        out = fn()
+    reads = sum(1 for point, path in recorder.points
+                if point == "before_tile_read" and os.path.realpath(path or "") == os.path.realpath(x_path))
+    return out, reads / (N // TILE)
+
+
+def _host(tree) -> list:
+    """Every leaf as a NumPy array (a DiskArray through ``np.asarray``, outside any jax function)."""
+    return [np.asarray(x) for x in jax.tree.leaves(tree)]
+
+
+def _check(got, want):
+    for g, w in zip(jax.tree.leaves(got), jax.tree.leaves(want)):
+        np.testing.assert_allclose(np.asarray(g), np.asarray(w), rtol=2e-4, atol=1e-6)
+
+
+def test_a_scaled_mse_step_reads_x_once_under_jit(data):
+    """The README demo's loss: ``sum((X @ w - y) ** 2) * scale`` (the sum's cotangent is ``scale``)."""
+    arrays, d, x_path = data
+    loss = lambda w, X, y: jask.sum(jask.square(X @ w - y)) * (1.0 / N)
+    step = jax.jit(jax.value_and_grad(loss))
+    want = jax.value_and_grad(lambda w: jnp.sum(jnp.square(arrays["X"] @ w - arrays["y"])) / N)(arrays["w"])
+    for _ in range(2):      # the second call reuses the compiled step
+        with jask.profile() as p:
+            got, passes = _passes_over_x(lambda: _host(step(d["w"], d["X"], d["y"])), x_path)
+        assert passes == 1
+        assert p.arrays_written == 0 and p.bytes_written <= F * 4     # w's scaled gradient, nothing more
+        _check(got, want)
+
+
+def test_two_weights_in_one_pass_eagerly_and_gradients_scaled_by_the_cotangent(data):
+    """``3 * loss`` eagerly: the sum's cotangent is 3; both weights come from the loss pass."""
+    arrays, d, x_path = data
+    loss = lambda w, v, X, y: 3.0 * jask.sum(jask.square(X @ w + X @ v - y))
+    ref = lambda w, v: 3.0 * jnp.sum(jnp.square(arrays["X"] @ w + arrays["X"] @ v - arrays["y"]))
+    got, passes = _passes_over_x(
+        lambda: _host(jax.value_and_grad(loss, argnums=(0, 1))(d["w"], d["v"], d["X"], d["y"])),
+        x_path)
+    assert passes == 1
+    _check(got, jax.value_and_grad(ref, argnums=(0, 1))(arrays["w"], arrays["v"]))
+
+
+def test_the_same_weight_used_twice_sums_both_contributions(data):
+    arrays, d, x_path = data
+    loss = lambda w, X, y: jask.sum(jask.square(X @ w - y)) + jask.sum(X @ w)
+    ref = lambda w: jnp.sum(jnp.square(arrays["X"] @ w - arrays["y"])) + jnp.sum(arrays["X"] @ w)
+    got = _host(jax.jit(jax.value_and_grad(loss))(d["w"], d["X"], d["y"]))
+    _check(got, jax.value_and_grad(ref)(arrays["w"]))
+
+
+def test_an_intermediate_used_twice_takes_the_ordinary_gradient(data):
+    """``r`` feeds two terms of one sum: its cotangent is a sum of two uses, never a known multiple."""
+    arrays, d, x_path = data
+    loss = lambda w, X, y: jask.sum(jask.square(X @ w - y) + (X @ w - y))
+    ref = lambda w: jnp.sum(jnp.square(arrays["X"] @ w - arrays["y"]) + (arrays["X"] @ w - arrays["y"]))
+    got = _host(jax.jit(jax.value_and_grad(loss))(d["w"], d["X"], d["y"]))
+    _check(got, jax.value_and_grad(ref)(arrays["w"]))
+
+
+def test_a_big_inputs_gradient_is_computed_lazily_beside_the_weights(data):
+    arrays, d, _ = data
+    loss = lambda w, X, y: jask.sum(jask.square(X @ w - y))
+    ref = lambda w, X: jnp.sum(jnp.square(X @ w - arrays["y"]))
+    gw, gx = jax.jit(jax.grad(loss, argnums=(0, 1)))(d["w"], d["X"], d["y"])
+    _check((np.asarray(gw), np.asarray(jask.materialize(gx))),
+           jax.grad(ref, argnums=(0, 1))(arrays["w"], arrays["X"]))
+
+
+def test_a_weight_of_several_tiles_is_left_to_the_backward_pass(tmp_path):
+    """X of 2 column tiles makes W1 (2 x 1 tiles) no one-tile reduction: W1's gradient takes a pass of its
+    own over X after the loss pass (twice in all, as without shared passes), and both are right."""
+    rng = np.random.default_rng(4)
+    x = rng.standard_normal((N, 2 * TILE)).astype(np.float32)
+    y = rng.standard_normal((N, 1)).astype(np.float32)
+    w1 = (rng.standard_normal((2 * TILE, 8)) * 0.1).astype(np.float32)
+    w2 = (rng.standard_normal((8, 1)) * 0.1).astype(np.float32)
+    x_path = str(tmp_path / "X2.zarr")
+    jask.to_zarr(jask.from_numpy(x), x_path, chunks=(TILE, TILE))
+    jask.config.update("tile", TILE)
+    X, Y, W1, W2 = jask.from_zarr(x_path), jask.from_numpy(y), jask.from_numpy(w1), jask.from_numpy(w2)
+    loss = lambda W1, W2, X, y: jask.sum(jask.square(X @ W1 @ W2 - y))
+    ref = lambda W1, W2: jnp.sum(jnp.square(x @ W1 @ W2 - y))
+    got, passes = _passes_over_x(
+        lambda: _host(jax.jit(jax.value_and_grad(loss, argnums=(0, 1)))(W1, W2, X, Y)), x_path)
+    assert passes == 2 * 2      # X has 2 tiles per row block: two passes
+    _check(got, jax.value_and_grad(ref, argnums=(0, 1))(w1, w2))
+
+
+def test_without_small_weights_the_loss_runs_alone(data, monkeypatch):
+    """No candidate (every stored input counts as big): two passes, as before the loss pass shared."""
+    arrays, d, x_path = data
+    monkeypatch.setattr(unit_grads, "SMALL_SHARE", float("inf"))
+    loss = lambda w, X, y: jask.sum(jask.square(X @ w - y))
+    got, passes = _passes_over_x(
+        lambda: _host(jax.jit(jax.value_and_grad(loss))(d["w"], d["X"], d["y"])), x_path)
+    assert passes == 2
+    _check(got, jax.value_and_grad(lambda w: jnp.sum(jnp.square(arrays["X"] @ w - arrays["y"])))(arrays["w"]))
+
+
+def test_a_forward_only_sum_computes_no_gradient(data):
+    """Outside differentiation a scalar runs alone: one pass, one output tile, no unit gradient kept."""
+    _, d, x_path = data
+    before = len(unit_grads._walks)
+    got, passes = _passes_over_x(lambda: float(jax.jit(lambda w, X: jask.sum(X @ w))(d["w"], d["X"])), x_path)
+    assert passes == 1 and len(unit_grads._walks) == before
