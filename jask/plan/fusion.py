@@ -61,8 +61,9 @@ def entries_of(prep, node: OpNode, out_idx):
 class Leaf:
     """One tile a fused program takes from outside.
 
-    ``kind`` is ``"tile"`` (pulled with ``Executor.tile_of``: stored, zeros, or a
-    multi-entry producer), ``"scalar"`` (a traced scalar operand) or
+    ``kind`` is ``"tile"`` (pulled with ``Executor.tile_of``: stored, zeros, a
+    multi-entry producer, or a producer the window computes once for several
+    consumers: ``Plan.shared_ids``), ``"scalar"`` (a traced scalar operand) or
     ``"placeholder"`` (zeros shaped like a block the op never reads).
     """
 
@@ -97,7 +98,7 @@ def entry_program(p, node: OpNode, entry) -> EntryProgram:
             return leaf(Leaf(inp, tuple(block), "placeholder"))
         if isinstance(inp, ScalarNode):
             return leaf(Leaf(inp, (), "scalar"))
-        if isinstance(inp, OpNode) and id(inp) in p.fused_ids:
+        if isinstance(inp, OpNode) and id(inp) in p.fused_ids and id(inp) not in p.shared_ids:
             prep = p.prepared[id(inp)]
             inner = entries_of(prep, inp, block)
             if len(inner) == 1:

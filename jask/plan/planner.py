@@ -62,6 +62,7 @@ class Plan:
     budget: int
     live: object = None
     groups: list = dataclasses.field(default_factory=list)
+    shared_ids: frozenset = frozenset()   # fused nodes a window computes once for several consumers
 
     def __post_init__(self):
         self.fused_ids = {id(n) for n in self.fused}
@@ -153,7 +154,9 @@ def _plan_at(roots, order, tile, one_pass=True):
     names = ", ".join(prepared[id(n)].name for n in stages)
     if need > config.memory_budget:
         return None, need, names, refused
-    p = Plan(tile, list(roots), stages, fused, prepared, need, config.memory_budget, live, groups)
+    # fused for a shared pass with several consumers: computed once per window, not inlined in each
+    shared = frozenset(i for i in below_co if i in fused_ids and len(edges[i]) > 1)
+    p = Plan(tile, list(roots), stages, fused, prepared, need, config.memory_budget, live, groups, shared)
     return p, need, names, refused
 
 
@@ -264,6 +267,7 @@ class _PlanView:
     tile: int
     prepared: dict
     fused_ids: set
+    shared_ids: frozenset = frozenset()
 
 
 def _tiles_read(consumer: OpNode, prep: Prepared, position: int, tile: int) -> list:
