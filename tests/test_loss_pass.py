@@ -141,3 +141,16 @@ def test_a_forward_only_sum_computes_no_gradient(data):
     before = len(unit_grads._walks)
     got, passes = _passes_over_x(lambda: float(jax.jit(lambda w, X: jask.sum(X @ w))(d["w"], d["X"])), x_path)
     assert passes == 1 and len(unit_grads._walks) == before
+
+
+def test_column_sums_persisted_together_share_one_pass(data):
+    """The executor side without gradients: two reductions to one tile over the same X (column sums
+    and sums of squares, e.g. for normalizing features) are one group, X read once, values right."""
+    arrays, d, x_path = data
+    import jask.numpy as jnp_
+    s1, s2 = jnp_.sum(d["X"], axis=0), jnp_.sum(d["X"] * d["X"], axis=0)
+    assert "+ in the same pass: sum" in jask.explain(s1, s2)
+    (a, b), passes = _passes_over_x(lambda: [np.asarray(v) for v in jask.persist(s1, s2)], x_path)
+    assert passes == 1
+    np.testing.assert_allclose(a, arrays["X"].sum(0), rtol=1e-5, atol=1e-4)
+    np.testing.assert_allclose(b, (arrays["X"] ** 2).sum(0), rtol=1e-5, atol=1e-4)

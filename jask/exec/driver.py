@@ -19,7 +19,7 @@ from jask.exec import events, multihost
 from jask.exec.devices import compute_device, compute_devices
 from jask.exec.executor import Executor, pass_devices, region_bytes, usable_devices, window_limit
 from jask.exec.run_windows import kernels_cache
-from jask.exec.schedule import one_pass_reduction, spread, window_input_bytes
+from jask.exec.schedule import spread, window_input_bytes
 from jask.exec.sinks import MemorySink, ScratchSink
 from jask.graph.nodes import Node, OpNode
 from jask.graph.op import CustomOp
@@ -173,7 +173,7 @@ def _run(p: Plan, roots, make_sinks, devices=None):
     for group in _groups(p, many):
         node = group[0]
         i = root_ids.get(id(node))
-        if one_pass_reduction(p, group):
+        if p.one_pass(group):
             _one_pass(p, ex, group, root_ids, results, make_sinks)
             continue
         if node.shape == () and i is not None:
@@ -213,7 +213,7 @@ def _groups(p: Plan, many: bool) -> list:
     process folds a member's partial as for a lone reduction)."""
     if not many:
         return p.groups
-    return [part for g in p.groups for part in ([[n] for n in g] if one_pass_reduction(p, g) else [g])]
+    return [part for g in p.groups for part in ([[n] for n in g] if p.one_pass(g) else [g])]
 
 
 def _one_pass(p: Plan, ex: Executor, group, root_ids, results, make_sinks) -> None:

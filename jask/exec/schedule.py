@@ -32,7 +32,6 @@ import numpy as np
 
 from jask.plan.fusion import entries_of, entry_program
 from jask.graph.nodes import OpNode, StoredNode, ZerosNode
-from jask.graph.tiling import grid
 from jask.io.reader import TileKey
 from jask.kernels.window import WindowSpec
 from jask.plan.memory import SLOTS_FIXED, SLOTS_PER_LEAF, SLOTS_PER_OP
@@ -275,7 +274,7 @@ def windows(plan, group, indices, limit_bytes: int, batch_bytes: int = WINDOW_IN
     """
     stage_ids = {id(n) for n in group}
     draft = _Draft(plan, stage_ids)
-    one_pass = one_pass_reduction(plan, group)
+    one_pass = plan.one_pass(group)
     for idx, per_node, (lo, hi) in _shared_tiles(plan, group, indices, share):
         if one_pass or (len(group) == 1 and len(per_node[0][1]) > 1):
             # a reduction tile split into entries; members of a one-pass group take entry k together
@@ -309,15 +308,6 @@ def windows(plan, group, indices, limit_bytes: int, batch_bytes: int = WINDOW_IN
         yield draft.seal()
 
 
-def one_pass_reduction(plan, group) -> bool:
-    """Whether ``group`` is reductions to one tile each, sharing a pass entry by entry (the planner's
-    one-pass join; a lockstep group's members have one entry per tile)."""
-    if len(group) < 2 or any(any(g != 1 for g in grid(n.shape, plan.tile)) for n in group):
-        return False
-    first = group[0]
-    return len(entries_of(plan.prepared[id(first)], first, (0,) * first.ndim)) > 1
-
-
 def _member_index(node, idx, one_pass):
     """A member's output tile: its only one in a one-pass group (members differ in shape), else ``idx``."""
     return (0,) * node.ndim if one_pass else idx
@@ -337,7 +327,7 @@ def _shared_tiles(plan, group, indices, share):
     if not 0 <= d < n:
         raise ValueError(f"share {d} of {n} does not exist")
     tiles = []
-    one_pass = one_pass_reduction(plan, group)
+    one_pass = plan.one_pass(group)
     for idx in indices:
         idx = tuple(idx)
         try:

@@ -67,6 +67,13 @@ class Plan:
     def __post_init__(self):
         self.fused_ids = {id(n) for n in self.fused}
 
+    def one_pass(self, group) -> bool:
+        """Whether ``group`` is reductions to one tile each sharing a pass entry by entry (see
+        :func:`_lockstep_groups`; a lockstep group's members have one entry per tile)."""
+        if len(group) < 2 or any(any(g != 1 for g in grid(n.shape, self.tile)) for n in group):
+            return False
+        return len(entries_of(self.prepared[id(group[0])], group[0], (0,) * group[0].ndim)) > 1
+
     def describe(self) -> str:
         lines = [f"plan: tile edge {self.tile}, projected peak {human_bytes(self.projected_bytes)} "
                  f"of budget {human_bytes(self.budget)}"]
@@ -74,7 +81,7 @@ class Plan:
             for k, n in enumerate(group):
                 inner = [self.prepared[id(f)].name for f in leaves_and_ops(n, self.fused_ids, self.live)[1][1:]]
                 extra = f" (fused: {', '.join(inner)})" if inner else ""
-                lead = "  " if k == 0 else "  + in lockstep: "
+                lead = "  " if k == 0 else "  + in the same pass: " if self.one_pass(group) else "  + in lockstep: "
                 lines.append(f"{lead}{self.prepared[id(n)].name} -> {n.shape} {n.dtype}, "
                              f"grid {grid(n.shape, self.tile)}{extra}")
         return "\n".join(lines)
@@ -210,19 +217,16 @@ def _lockstep_groups(stages, prepared, fused_ids, tile, live, budget,
     groups: list[list[OpNode]] = []
     joinable = refused = False
     for node in stages:
-        if id(node) in one_pass and groups and all(id(m) in one_pass for m in groups[-1]):
-            if _shares_a_pass(node, groups[-1], prepared, fused_ids, live):
-                if group_bytes(groups[-1] + [node], fused_ids, tile, live) <= budget:
-                    groups[-1].append(node)
-                    continue
-                refused = True
-            groups.append([node])
-            joinable = False
-            continue
-        simple = (node.shape != () and not isinstance(prepared[id(node)].op, CustomOp)
-                  and _one_entry_per_tile(node, prepared[id(node)], tile))
-        if (simple and joinable and groups[-1][0].shape == node.shape
-                and _reads_members_in_step(node, groups[-1], prepared, fused_ids, tile, live, in_step)):
+        if id(node) in one_pass:
+            simple = False
+            joins = (bool(groups) and all(id(m) in one_pass for m in groups[-1])
+                     and _shares_a_pass(node, groups[-1], prepared, fused_ids, live))
+        else:
+            simple = (node.shape != () and not isinstance(prepared[id(node)].op, CustomOp)
+                      and _one_entry_per_tile(node, prepared[id(node)], tile))
+            joins = (simple and joinable and groups[-1][0].shape == node.shape
+                     and _reads_members_in_step(node, groups[-1], prepared, fused_ids, tile, live, in_step))
+        if joins:
             if group_bytes(groups[-1] + [node], fused_ids, tile, live) <= budget:
                 groups[-1].append(node)
                 continue
