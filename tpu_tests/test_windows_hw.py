@@ -52,6 +52,8 @@ def test_jit_value_and_grad_of_the_demo_loss_runs_on_the_device(backend):
     np.testing.assert_allclose(float(value), float(ref_v), rtol=1e-4)
     np.testing.assert_allclose(g, np.asarray(ref_g), rtol=1e-3, atol=1e-3)
     assert p.devices == {jax.devices()[0]}, p.devices
+    # X moves to the device once: w's gradient is computed in the loss's pass (jask/hijax/unit_grads.py)
+    assert p.bytes_read <= X.nbytes + y.nbytes + 4 * w0.nbytes, p.bytes_read / X.nbytes
 
 
 @pytest.mark.filterwarnings("ignore::RuntimeWarning")   # pallas refuses 64-bit blocks: xla runs them, warned
