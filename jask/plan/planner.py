@@ -162,9 +162,18 @@ def _plan_at(roots, order, tile, one_pass=True):
     if need > config.memory_budget:
         return None, need, names, refused
     # fused for a shared pass with several consumers: computed once per window, not inlined in each
-    shared = frozenset(i for i in below_co if i in fused_ids and len(edges[i]) > 1)
+    shared = frozenset(id(n) for n in fused if id(n) in below_co and len(edges[id(n)]) > 1
+                       and _reads_much_more_than_it_makes(n, prepared[id(n)], tile))
     p = Plan(tile, list(roots), stages, fused, prepared, need, config.memory_budget, live, groups, shared)
     return p, need, names, refused
+
+
+def _reads_much_more_than_it_makes(node, prep, tile) -> bool:
+    """A node whose tile is costly to recompute (a product over wide tiles): its inputs' tiles take over
+    4x its own. A cheaper shared node is recomputed inside each consumer's program instead (one call less)."""
+    ins = sum(tile_bytes(node.inputs[p].resolved(), tile) for p in live_positions(node, prep.op)
+              if node.inputs[p].resolved().shape != ())
+    return ins > 4 * tile_bytes(node, tile)
 
 
 def _one_tile_reductions(roots, prepared, tile) -> set:
