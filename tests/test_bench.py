@@ -23,9 +23,14 @@ pytestmark = [
 ]
 
 
+def _env() -> dict:
+    """This environment with the repository first on the children's import path."""
+    return dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [ROOT, os.environ.get("PYTHONPATH")])))
+
+
 def test_quick_suite_completes_and_systems_agree(tmp_path):
     out = tmp_path / "out"
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [ROOT, os.environ.get("PYTHONPATH")])))
+    env = _env()
     proc = subprocess.run(
         [sys.executable, "-m", "jask.bench", "--quick", f"--out={out}", f"--data_dir={tmp_path / 'data'}"],
         cwd=tmp_path, env=env, capture_output=True, text=True, timeout=600)
@@ -55,7 +60,7 @@ def test_quick_suite_completes_and_systems_agree(tmp_path):
 
 
 def _bench(tmp_path, *args, timeout=600):
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [ROOT, os.environ.get("PYTHONPATH")])))
+    env = _env()
     return subprocess.run([sys.executable, "-m", "jask.bench", f"--out={tmp_path / 'out'}",
                            f"--data_dir={tmp_path / 'data'}", *args],
                           cwd=tmp_path, env=env, capture_output=True, text=True, timeout=timeout)
@@ -94,7 +99,7 @@ def test_processes_refused_up_front_where_loopback_tcp_is_refused(tmp_path):
                       "socket.socket = Refused\n"
                       "sys.argv = ['jask.bench'] + sys.argv[1:]\n"
                       "runpy.run_module('jask.bench', run_name='__main__')\n")
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [ROOT, os.environ.get("PYTHONPATH")])))
+    env = _env()
     data = tmp_path / "data"
     proc = subprocess.run([sys.executable, "-c", breaks_sockets, "--workload=sum", "--gib=0.004", "--processes=1,2",
                            f"--out={tmp_path / 'out'}", f"--data_dir={data}"],

@@ -21,13 +21,18 @@ class _ToMemory:
         return run([node], lambda n, tile: MemorySink(n, tile))
 
 
+def store_value(a, tag: str = "input"):
+    """An in-memory array stored to scratch in the chunks jask writes new arrays with (a StoredNode)."""
+    a = np.asarray(a)
+    return store_numpy(a, block_shape(a.shape, default_tile(a.shape, a.dtype.itemsize)), tag=tag)
+
+
 @dataclasses.dataclass(frozen=True)
 class _FromMemory:
     """The gradient of ``materialize``: an in-memory cotangent (the size the user materialized) stored."""
 
     def __call__(self, g):
-        g = np.asarray(g)
-        return (store_numpy(g, block_shape(g.shape, default_tile(g.shape, g.dtype.itemsize))),)
+        return (store_value(g),)
 
 
 class MaterializePrimitive(compat.HiPrimitive):

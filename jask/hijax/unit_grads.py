@@ -32,12 +32,11 @@ import jax.numpy as jnp
 import numpy as np
 
 from jask.exec.driver import run_sharing_pass
-from jask.exec.sinks import store_numpy
 from jask.graph.nodes import OpNode, ScalarNode, StoredNode
 from jask.graph.op import CustomOp
-from jask.graph.tiling import block_shape
 from jask.hijax.grad import gradient_node
-from jask.plan.tiling import default_tile
+from jask.hijax.residuals import recompute_bytes
+from jask.hijax.sinks import store_value
 from jask.plan.walk import collect, nbytes
 
 # A stored input gets a unit contribution when it is at most this share of what the loss reads: its
@@ -91,7 +90,7 @@ def run_loss(node: OpNode):
 def _walk(root: OpNode):
     """The walk below ``root`` and its candidates ``[(op key, position), unit contribution node]``."""
     _, edges = collect([root])
-    small = max(sum(nbytes(n) for n in _stored_below(root)) // SMALL_SHARE, 1)
+    small = max(recompute_bytes(root) // SMALL_SHARE, 1)
     walk, candidates = _Walk([], {}, {}, {}), []
     places = itertools.count(1)
     stack = [(root, ScalarNode(np.ones((), root.dtype)), 0)]
@@ -114,12 +113,6 @@ def _walk(root: OpNode):
     return walk, candidates
 
 
-def _stored_below(root):
-    order, _ = collect([root])
-    stored = {id(r): r for n in order for r in (i.resolved() for i in n.inputs) if isinstance(r, StoredNode)}
-    return stored.values()
-
-
 def cotangent_scale(spec, nodes):
     """``(g, walk, place)`` when the cotangent ``nodes[0]`` of this op application is ``g`` times the unit
     cotangent of the op node at ``place`` in a walk (the loss's own ``g``, or a tagged gradient node)."""
@@ -138,9 +131,7 @@ def known_contribution(nodes, i, scale):
     unit = walk.units.get((place, i))
     if unit is None:
         return None
-    scaled = (np.asarray(g, unit.dtype) * unit).astype(unit.dtype, copy=False)
-    return store_numpy(scaled, block_shape(scaled.shape, default_tile(scaled.shape, scaled.dtype.itemsize)),
-                       tag="grad")
+    return store_value((np.asarray(g, unit.dtype) * unit).astype(unit.dtype, copy=False), tag="grad")
 
 
 def tag_through(node: OpNode, i, scale) -> OpNode:

@@ -70,9 +70,7 @@ class Plan:
     def one_pass(self, group) -> bool:
         """Whether ``group`` is reductions to one tile each sharing a pass entry by entry (see
         :func:`_lockstep_groups`; a lockstep group's members have one entry per tile)."""
-        if len(group) < 2 or any(any(g != 1 for g in grid(n.shape, self.tile)) for n in group):
-            return False
-        return len(entries_of(self.prepared[id(group[0])], group[0], (0,) * group[0].ndim)) > 1
+        return len(group) > 1 and all(_one_tile_reduction(n, self.prepared[id(n)], self.tile) for n in group)
 
     def describe(self) -> str:
         lines = [f"plan: tile edge {self.tile}, projected peak {human_bytes(self.projected_bytes)} "
@@ -179,14 +177,15 @@ def _reads_much_more_than_it_makes(node, prep, tile) -> bool:
 def _one_tile_reductions(roots, prepared, tile) -> set:
     """Ids of the roots that reduce to a single output tile over several entries (a loss, a small weight's
     gradient), when there are two or more: they may share one pass over what they read."""
-    found = set()
-    for r in roots:
-        n = r.resolved()
-        if (isinstance(n, OpNode) and id(n) in prepared and not isinstance(prepared[id(n)].op, CustomOp)
-                and all(g == 1 for g in grid(n.shape, tile))
-                and len(entries_of(prepared[id(n)], n, (0,) * n.ndim)) > 1):
-            found.add(id(n))
+    found = {id(n) for n in (r.resolved() for r in roots)
+             if isinstance(n, OpNode) and id(n) in prepared and not isinstance(prepared[id(n)].op, CustomOp)
+             and _one_tile_reduction(n, prepared[id(n)], tile)}
     return found if len(found) > 1 else set()
+
+
+def _one_tile_reduction(node, prep, tile) -> bool:
+    """One output tile, computed from several entries (folded by the op's ``combine``)."""
+    return all(g == 1 for g in grid(node.shape, tile)) and len(entries_of(prep, node, (0,) * node.ndim)) > 1
 
 
 def _feeding_only(targets, live_order, edges, root_ids) -> set:
