@@ -9,7 +9,6 @@ device) the tile math still runs where the user asked.
 """
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import warnings
 
@@ -20,6 +19,8 @@ import numpy as np
 from jask.plan.fusion import FusedTileOp, _is_plain, _Same
 from jask.kernels import xla
 from jask.kernels.legality import WindowNotLegal
+from jask.exec.devices import calling_on
+from jask.exec.joined_window import MAX_JOINED_CALLS, run_joined
 from jask.exec.program_cache import Charged, ProgramCache
 
 
@@ -32,6 +33,7 @@ class Kernels:
 
     def __init__(self):
         self._programs = ProgramCache()   # bounded in bytes (jask.exec.program_cache)
+        self.programs = self._programs    # also holds joined windows (jask.exec.joined_window)
         self._combines = self._programs   # fold functions count against the same bound
         self._proven: set = set()   # stacked programs whose first call compiled and ran
 
@@ -158,7 +160,13 @@ class WindowRunner:
             values[key] = take_read(tile_key)
         for key, (kind, node, shape) in window.constants.items():
             values[key] = np.asarray(node.value) if kind == "scalar" else np.zeros(shape, node.dtype)
-        outputs = [self._call(call, values) for call in window.calls]
+        if len(window.calls) > 1 and self.backend.separate_tiles:   # xla: the window is one program
+            outputs = []
+            for at in range(0, len(window.calls), MAX_JOINED_CALLS):
+                outputs += run_joined(self, window.calls[at:at + MAX_JOINED_CALLS], values, kernels_cache.programs,
+                                      _operand, _identity_op)
+        else:
+            outputs = [self._call(call, values) for call in window.calls]
         # JAX dispatches asynchronously and each call holds its input tiles until it has run: without a
         # wait, a pass whose results are not read back (a reduction) queues every window and its tiles
         # (a 0.5 GiB grad held 440 MiB over a 138 MiB projection). Wait for the window before this one:
@@ -194,9 +202,7 @@ class WindowRunner:
             args = [_operand(self._value(k, values), np.dtype(call.spec.leaf_dtypes[j]), self.device)
                     for j, row_keys in enumerate(call.rows) for k in row_keys]
             args += [store[keys[i]] for i in carried]
-            # host tiles go where the call runs (entering the context costs ~30 us: only when needed)
-            here = self.device.platform != "cpu" or jax.config.jax_default_device == self.device
-            with contextlib.nullcontext() if here else jax.default_device(self.device):
+            with calling_on(self.device):   # host tiles go where the call runs
                 out = program(*args)
             devices = out[0].devices()
         self.count(kernel_calls=1, xla_fallback_calls=int(how == "fallback"), devices=frozenset(devices))

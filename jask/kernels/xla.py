@@ -65,7 +65,12 @@ def compile_window(op, spec):
 
 
 def compile_window_tiles(op, spec, table, valid, carried=()):
-    """One jitted program for a window whose tiles arrive as separate arguments: no stacking copy.
+    """:func:`window_tiles_program`, jitted."""
+    return jax.jit(window_tiles_program(op, spec, table, valid, carried))
+
+
+def window_tiles_program(op, spec, table, valid, carried=()):
+    """The program of a window whose tiles arrive as separate arguments: no stacking copy.
 
     ``table``/``valid`` (NumPy, see :mod:`jask.kernels.window`) are baked into
     the program, which takes ``rows_0..., rows_1..., ...`` (each leaf position's
@@ -102,7 +107,7 @@ def compile_window_tiles(op, spec, table, valid, carried=()):
                 outs.append(acc)
         return outs
 
-    return jax.jit(program)
+    return program
 
 
 # ``auto`` picks xla wherever no other backend claims the platform. On an H200 (2026-12-04,

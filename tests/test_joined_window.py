@@ -1,0 +1,102 @@
+"""One window, one program on the xla backend (jask/exec/joined_window.py).
+
+A window of several programs (ragged edge tiles, a shared producer, a reduction's partials carried
+between windows, low-precision values passed from one program to the next) runs as one call, and
+its results equal those of the same programs called one by one (``MAX_JOINED_CALLS = 1``) and
+NumPy's.
+"""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import jask
+from jask.exec import run_windows
+
+
+def _data(*shapes, dtype=np.float32):
+    rng = np.random.default_rng(3)
+    arrays = [rng.standard_normal(s).astype(dtype) for s in shapes]
+    return arrays, [jask.from_numpy(x) for x in arrays]
+
+
+def _one_by_one(monkeypatch, fn):
+    monkeypatch.setattr(run_windows, "MAX_JOINED_CALLS", 1)
+    with jask.profile() as p:
+        out = fn()
+    monkeypatch.undo()
+    return out, p
+
+
+def test_ragged_tiles_and_a_shared_producer_are_one_call(small_tiles, monkeypatch):
+    """9x6 in tiles of 4 (four tile shapes); ``x = a - b`` feeds both outputs, computed together."""
+    (A, B), (a, b) = _data((9, 6), (9, 6))
+
+    def run():
+        x = a - b
+        return [np.asarray(v) for v in jask.persist(x * x, jask.sum(x, axis=0))]
+
+    with jask.profile() as p:
+        joined = run()
+    alone, q = _one_by_one(monkeypatch, run)
+    assert p.kernel_calls == p.windows < q.kernel_calls, (p.kernel_calls, p.windows, q.kernel_calls)
+    np.testing.assert_allclose(joined[0], (A - B) ** 2, rtol=1e-6)
+    np.testing.assert_allclose(joined[1], (A - B).sum(0), rtol=1e-5, atol=1e-6)
+    for j, s in zip(joined, alone):
+        np.testing.assert_allclose(j, s, rtol=1e-6, atol=1e-6)
+
+
+def test_partials_carried_between_windows(small_tiles, monkeypatch):
+    """A budget of a few tiles: the column sums' partials cross windows of several programs each."""
+    (A, B), (a, b) = _data((30, 10), (30, 10))
+    jask.set_memory_budget(6000)
+
+    def run():
+        return [np.asarray(v) for v in jask.persist(jask.sum(jask.square(a - b), axis=0), jask.sum(a * b, axis=0))]
+
+    with jask.profile() as p:
+        joined = run()
+    alone, q = _one_by_one(monkeypatch, run)
+    assert p.windows > 2 and p.kernel_calls == p.windows < q.kernel_calls, (p.windows, p.kernel_calls)
+    np.testing.assert_allclose(joined[0], ((A - B) ** 2).sum(0), rtol=1e-5)
+    np.testing.assert_allclose(joined[1], (A * B).sum(0), rtol=1e-5, atol=1e-5)
+    for j, s in zip(joined, alone):
+        np.testing.assert_allclose(j, s, rtol=1e-6, atol=1e-6)
+
+
+def test_bfloat16_values_are_cast_between_joined_programs(small_tiles, monkeypatch):
+    """A bfloat16 product's tiles (accumulated in float32) reach the next program in bfloat16, as when apart."""
+    import ml_dtypes
+    (A, B), (a, b) = _data((9, 8), (8, 6), dtype=ml_dtypes.bfloat16)
+
+    def run():
+        return np.asarray(jask.sum(jask.square(a @ b), axis=0)).astype(np.float32)
+
+    with jask.profile() as p:
+        joined = run()
+    alone, _ = _one_by_one(monkeypatch, run)
+    ref = (A.astype(np.float32) @ B.astype(np.float32)).astype(ml_dtypes.bfloat16).astype(np.float32)
+    np.testing.assert_allclose(joined, (ref ** 2).sum(0), rtol=2e-2)
+    np.testing.assert_array_equal(joined, alone)
+    assert p.kernel_calls == p.windows
+
+
+def test_a_window_of_more_programs_than_the_cap_runs_in_several_calls(small_tiles, monkeypatch):
+    """``MAX_JOINED_CALLS = 2``: the four tile shapes of a 9x6 window take two calls."""
+    (A, B), (a, b) = _data((9, 6), (9, 6))
+    monkeypatch.setattr(run_windows, "MAX_JOINED_CALLS", 2)
+    with jask.profile() as p:
+        out = np.asarray(jask.persist(jask.square(a - b) + a))
+    assert (p.windows, p.kernel_calls) == (1, 2)
+    np.testing.assert_allclose(out, (A - B) ** 2 + A, rtol=1e-6)
+
+
+@pytest.mark.parametrize("backend", ["pallas-interpret"])
+def test_pallas_windows_stay_one_call_per_program_shape(small_tiles, backend):
+    """Pallas windows are not joined: one ``pallas_call`` per tile shape."""
+    jask.config.update("backend", backend)
+    (A, B), (a, b) = _data((9, 6), (9, 6))
+    with jask.profile() as p:
+        out = np.asarray(jask.persist(jask.square(a - b) + a))
+    assert (p.windows, p.kernel_calls) == (1, 4)
+    np.testing.assert_allclose(out, (A - B) ** 2 + A, rtol=1e-6)
