@@ -1,9 +1,9 @@
-"""One window, one program on the xla backend (jask/exec/joined_window.py).
+"""One window, one program on the xla backend (jask/exec/joined_window.py), one program per window shape.
 
 A window of several programs (ragged edge tiles, a shared producer, a reduction's partials carried
 between windows, low-precision values passed from one program to the next) runs as one call, and
 its results equal those of the same programs called one by one (``MAX_JOINED_CALLS = 1``) and
-NumPy's.
+NumPy's. A reduction's first window runs the same compiled program as its later ones.
 """
 from __future__ import annotations
 
@@ -100,3 +100,33 @@ def test_pallas_windows_stay_one_call_per_program_shape(small_tiles, backend):
         out = np.asarray(jask.persist(jask.square(a - b) + a))
     assert (p.windows, p.kernel_calls) == (1, 4)
     np.testing.assert_allclose(out, (A - B) ** 2 + A, rtol=1e-6)
+
+
+def _xla_programs():
+    from jask.exec.run_windows import kernels_cache
+    return [k for k in kernels_cache.programs._entries if isinstance(k, tuple) and str(k[0]).startswith("xla-")]
+
+
+@pytest.mark.parametrize("budget,windows", [(1500, 4), (600, 16)])
+def test_the_first_window_of_a_reduction_runs_the_later_windows_program(small_tiles, budget, windows):
+    """A column of 16 tiles summed over windows of equal shape compiles ONE program: the first window
+    passes a placeholder accumulator marked absent instead of needing a program without one."""
+    from jask.exec.run_windows import kernels_cache
+    X = np.random.default_rng(0).standard_normal((64, 4)).astype(np.float32)
+    x = jask.from_numpy(X)
+    jask.set_memory_budget(budget)
+    kernels_cache.programs.clear()
+    with jask.profile() as p:
+        got = np.asarray(jask.sum(x * x, axis=0))
+    assert (p.windows, p.kernel_calls, len(_xla_programs())) == (windows, windows, 1), _xla_programs()
+    np.testing.assert_allclose(got, (X * X).sum(0), rtol=1e-5)
+
+
+def test_a_placeholder_is_never_folded_in(small_tiles):
+    """``max`` folds: a placeholder of zeros folded in would turn an all-negative column's max into 0."""
+    X = -1.0 - np.random.default_rng(1).random((64, 4)).astype(np.float32)
+    jask.set_memory_budget(1500)
+    with jask.profile() as p:
+        got = np.asarray(jask.numpy.max(jask.from_numpy(X), axis=0))
+    assert p.windows == 4
+    np.testing.assert_array_equal(got, X.max(0))

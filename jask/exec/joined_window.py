@@ -36,7 +36,8 @@ class _Recipe:
         self.outside = []         # arrays passed in, each once
         self._where = {}          # (value key, dtype) -> index into outside
         self.made = {}            # value key -> (call index, result index) of this window's results
-        self.calls = []           # per call: (carried, ((kind, a, b, dtype), ...))
+        self.calls = []           # per call: (carried, maybe, ((kind, a, b, dtype), ...))
+        self.present = []         # every call's accumulator-present flags, in call order
 
     def outside_arg(self, key, make):
         if key not in self._where:
@@ -63,28 +64,33 @@ def _plan(runner, calls, values, operand):
                     args.append(recipe.outside_arg(
                         (k, dtype), lambda k=k, d=dtype: operand(runner._value(k, values), d, runner.device)))
         keys = [("tile", id(call.node), t) for t in call.tiles]
-        carried = []
-        for i, key in enumerate(keys):
-            if key in recipe.made:
-                carried.append(i)
-                args.append(("made", *recipe.made[key], None))
-            elif key in store:
-                carried.append(i)
-                args.append(recipe.outside_arg((key, None), lambda key=key: store[key]))
-        recipe.calls.append((tuple(carried), tuple(args)))
+        carried, maybe, present = runner.slots(call, keys, lambda key: key in recipe.made or key in store)
+        for i in carried:
+            if keys[i] in recipe.made:
+                args.append(("made", *recipe.made[keys[i]], None))
+            elif keys[i] in store:
+                args.append(recipe.outside_arg((keys[i], None), lambda key=keys[i]: store[key]))
+            else:
+                zeros = runner.placeholder(call)   # one per shape and dtype: the same array for every call
+                args.append(recipe.outside_arg(("placeholder", id(zeros)), lambda zeros=zeros: zeros))
+        recipe.calls.append((carried, maybe, tuple(args)))
+        recipe.present.extend(present)
         for i, key in enumerate(keys):
             recipe.made[key] = (c, i)
     return recipe
 
 
 def _compile(calls, recipe, identity_op):
-    bodies = [xla.window_tiles_program(identity_op(call.program), call.spec, call.table, call.valid, carried)
-              for call, (carried, _) in zip(calls, recipe.calls)]
-    wiring = [args for _, args in recipe.calls]
+    bodies = [xla.window_tiles_program(identity_op(call.program), call.spec, call.table, call.valid, carried, maybe)
+              for call, (carried, maybe, _) in zip(calls, recipe.calls)]
+    wiring, at = [], 0
+    for _, maybe, args in recipe.calls:
+        wiring.append((args, at, at + len(maybe)))
+        at += len(maybe)
 
     def program(*outside):
         results = []
-        for body, args in zip(bodies, wiring):
+        for body, (args, start, stop) in zip(bodies, wiring):
             flat = []
             for kind, a, b, dtype in args:
                 if kind == "outside":
@@ -92,6 +98,8 @@ def _compile(calls, recipe, identity_op):
                 else:
                     x = results[a][b]
                     flat.append(x if dtype is None or x.dtype == dtype else x.astype(dtype))
+            if stop > start:
+                flat.append(outside[-1][start:stop])   # this call's present flags
             results.append(body(*flat))
         return results
 
@@ -110,8 +118,9 @@ def run_joined(runner, calls, values, cache, operand, identity_op):
     if program is None:
         program = Charged(_compile(calls, recipe, identity_op), cache, key)
         cache.put(key, program)
+    flags = [np.array(recipe.present, np.bool_)] if recipe.present else []
     with calling_on(runner.device):
-        outs = program(*recipe.outside)
+        outs = program(*recipe.outside, *flags)
     for call, out in zip(calls, outs):
         store = runner.acc if id(call.node) in runner.stage_ids else values
         for i, t in enumerate(call.tiles):

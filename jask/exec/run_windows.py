@@ -19,9 +19,13 @@ import numpy as np
 from jask.plan.fusion import FusedTileOp, _is_plain, _Same
 from jask.kernels import xla
 from jask.kernels.legality import WindowNotLegal
+from jask.kernels.window import widen_dtype
 from jask.exec.devices import calling_on
 from jask.exec.joined_window import MAX_JOINED_CALLS, run_joined
 from jask.exec.program_cache import Charged, ProgramCache
+
+
+STRUCT_BYTES = 1024   # what the program cache charges for a remembered partial tile's shape
 
 
 def _identity_op(program):
@@ -37,7 +41,7 @@ class Kernels:
         self._combines = self._programs   # fold functions count against the same bound
         self._proven: set = set()   # stacked programs whose first call compiled and ran
 
-    def program(self, backend, call, carried=()):
+    def program(self, backend, call, carried=(), maybe=()):
         """``(program, how)``: the backend's window program over stacks (``"stacked"``), or the xla
         program over separate tiles (``"tiles"``; ``"fallback"`` where a Pallas backend cannot run
         this window on its platform). The xla program bakes in the window's index table, so it is
@@ -54,10 +58,10 @@ class Kernels:
                 self._remember(key, entry)
             if entry[1] == "stacked":
                 return entry
-        key = ("xla-tiles", call.program.key(), call.spec, call.table.tobytes(), call.valid.tobytes(), carried)
+        key = ("xla-tiles", call.program.key(), call.spec, call.table.tobytes(), call.valid.tobytes(), carried, maybe)
         entry = self._programs.get(key)
         if entry is None:
-            fn = xla.compile_window_tiles(_identity_op(call.program), call.spec, call.table, call.valid, carried)
+            fn = xla.compile_window_tiles(_identity_op(call.program), call.spec, call.table, call.valid, carried, maybe)
             entry = (Charged(fn, self._programs, key), "tiles" if backend.separate_tiles else "fallback")
             self._remember(key, entry)
         return entry
@@ -97,6 +101,16 @@ class Kernels:
             self._programs.put(key, entry, 0)   # a refusal holds no program
         else:
             self._programs.put(key, entry)      # charged its real bytes at its first call
+
+    def acc_struct(self, call):
+        """Shape and dtype of one of ``call``'s partial tiles (its block result, widened as the fold widens it)."""
+        key = ("acc-struct", call.program.key(), call.spec)
+        struct = self._programs.get(key)
+        if struct is None:
+            out = jax.eval_shape(_identity_op(call.program).forward_block, *call.spec.leaf_structs)
+            struct = jax.ShapeDtypeStruct(out.shape, widen_dtype(out.dtype))
+            self._programs.put(key, struct, STRUCT_BYTES)
+        return struct
 
     def combine(self, root_op):
         key = _Same(root_op)
@@ -149,6 +163,8 @@ class WindowRunner:
     count: object
     acc: dict = dataclasses.field(default_factory=dict)
     in_flight: list = dataclasses.field(default_factory=list)   # the previous window's kernel outputs
+    finishing: set = dataclasses.field(default_factory=set)     # value keys of the stage tiles this window finishes
+    placeholders: dict = dataclasses.field(default_factory=dict)   # (shape, dtype) -> zeros on the device
 
     def run(self, window, take_read):
         """Compute one window; returns ``[(node, idx, tile)]`` for its finished stage tiles.
@@ -160,6 +176,7 @@ class WindowRunner:
             values[key] = take_read(tile_key)
         for key, (kind, node, shape) in window.constants.items():
             values[key] = np.asarray(node.value) if kind == "scalar" else np.zeros(shape, node.dtype)
+        self.finishing = {("tile", id(node), idx) for node, idx in window.done}
         if len(window.calls) > 1 and self.backend.separate_tiles:   # xla: the window is one program
             outputs = []
             for at in range(0, len(window.calls), MAX_JOINED_CALLS):
@@ -185,8 +202,8 @@ class WindowRunner:
     def _call(self, call, values):
         store = self.acc if id(call.node) in self.stage_ids else values
         keys = [("tile", id(call.node), t) for t in call.tiles]
-        carried = tuple(i for i, k in enumerate(keys) if k in store)
-        program, how = kernels_cache.program(self.backend, call, carried)
+        carried, maybe, present = self.slots(call, keys, lambda key: key in store)
+        program, how = kernels_cache.program(self.backend, call, carried, maybe)
         out = None
         if how == "stacked":
             stacks = [_stack([self._value(k, values) for k in row_keys], np.dtype(call.spec.leaf_dtypes[j]),
@@ -194,14 +211,15 @@ class WindowRunner:
             out = kernels_cache.run_stacked(self.backend, call, program, (
                 stacks, jax.device_put(call.table, self.device), jax.device_put(call.valid, self.device)))
             if out is None:   # refused by the platform's compiler: from now on the xla program
-                program, how = kernels_cache.program(self.backend, call, carried)
+                program, how = kernels_cache.program(self.backend, call, carried, maybe)
             else:
                 carried = ()   # a Pallas program folds nothing in: partials are combined below
                 devices = out.devices()
         if out is None:
             args = [_operand(self._value(k, values), np.dtype(call.spec.leaf_dtypes[j]), self.device)
                     for j, row_keys in enumerate(call.rows) for k in row_keys]
-            args += [store[keys[i]] for i in carried]
+            args += [store[keys[i]] if keys[i] in store else self.placeholder(call) for i in carried]
+            args += [present] if maybe else []
             with calling_on(self.device):   # host tiles go where the call runs
                 out = program(*args)
             devices = out[0].devices()
@@ -212,6 +230,33 @@ class WindowRunner:
             part = out[i]
             store[key] = part if (key not in store or i in carried) else combine(store[key], part)
         return out
+
+    def slots(self, call, keys, has):
+        """``(carried, maybe, present)``: the output tiles whose accumulator the call takes, those of them that
+        may be absent, and whether each of those is there (``has(key)``).
+
+        A stage node's tile takes a slot when it has a partial or is not finished in this window, so
+        every window of a reduction that spans windows has the same slots (one compiled program); its
+        first window passes a placeholder (:meth:`placeholder`) with ``present`` False.
+        """
+        stage = id(call.node) in self.stage_ids
+        carried, maybe, present = [], [], []
+        for i, key in enumerate(keys):
+            there = has(key)
+            if there or (stage and key not in self.finishing):
+                carried.append(i)
+                if stage:
+                    maybe.append(i)
+                    present.append(there)
+        return tuple(carried), tuple(maybe), np.array(present, np.bool_)
+
+    def placeholder(self, call):
+        """Zeros shaped as ``call``'s partial tile, on this runner's device, made once per shape and dtype."""
+        struct = kernels_cache.acc_struct(call)
+        key = (struct.shape, np.dtype(struct.dtype))
+        if key not in self.placeholders:
+            self.placeholders[key] = jax.device_put(np.zeros(struct.shape, struct.dtype), self.device)
+        return self.placeholders[key]
 
     def _value(self, key, values):
         if key in values:
