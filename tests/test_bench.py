@@ -108,3 +108,28 @@ def test_processes_refused_up_front_where_loopback_tcp_is_refused(tmp_path):
     assert "--processes=1,2: jax.distributed processes talk over loopback TCP" in proc.stderr, proc.stderr[-2000:]
     assert "Address family not supported" in proc.stderr
     assert not any(p.is_file() for p in data.rglob("*")), list(data.rglob("*"))
+
+
+def test_a_slow_warm_up_leaves_the_timed_runs_their_time_cap(tmp_path, monkeypatch):
+    """The warm-up run (compilation) is not counted against --time_cap: a warm-up longer than the cap
+    still leaves every timed run that fits in it (it left one on a TPU, where compiling took 20-40 s)."""
+    import types
+
+    from jask.bench import harness, peers
+
+    class Slow(peers.Runner):
+        checks = False
+
+        def run(self):
+            self.calls = getattr(self, "calls", 0) + 1
+            if self.calls == 1:
+                import time
+                time.sleep(0.3)
+
+        def cache_paths(self):
+            return []
+
+    monkeypatch.setattr(workloads, "get", lambda name: types.SimpleNamespace(SYSTEMS={"slow": Slow}))
+    task = harness.Task("slow", "tiny", {}, "slow", {}, str(tmp_path), cache="warm", repeat=4, time_cap=0.2)
+    result = harness.measure(task)
+    assert result["first_s"] >= 0.3 and len(result["times"]) == 4, result

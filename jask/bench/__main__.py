@@ -61,7 +61,7 @@ flags.DEFINE_string("data_dir", harness.bench_dir("data"), "Folder for the bench
                     "$JASK_BENCH_DIR/data); a real disk (tmpfs is refused except with --quick).")
 flags.DEFINE_enum("layout", "chunk", ["chunk", "shard"], "Store layout: one file per chunk, or one shard "
                   "file per row of chunks (Zarr v3 sharding codec). Both uncompressed.")
-flags.DEFINE_float("time_cap", 20.0, "Stop repeating a system once its runs took this many seconds.")
+flags.DEFINE_float("time_cap", 20.0, "Stop repeating a system once its timed runs took this many seconds.")
 flags.DEFINE_float("jnp_max_gb", 0.0, "Run the in-RAM jnp peer only when the workload needs at most this many "
                    "GB (0: half of the available memory).")
 flags.DEFINE_enum("isolate", "task", ["task", "system"], "One subprocess per system and case (task), or one "
