@@ -96,6 +96,25 @@ def test_reader_reads_every_region_of_every_layout(tmp_path, layout, write_tile,
     np.testing.assert_array_equal(out, a[8:16, 16:24])
 
 
+@pytest.mark.parametrize("layout", ["chunk", "shard"])
+def test_a_tile_inside_a_wide_chunk_reads_its_rows_not_the_chunk(tmp_path, monkeypatch, layout):
+    """Chunks of 32 x 64 read as 8 x 16 tiles: each tile reads its 8 rows of the chunk (4x the tile,
+    one range) or, for a 8 x 4 part (16x), row by row; never the 32 x 64 chunk. Values match."""
+    from jask.io import reader as reader_mod
+    a = _data((64, 128))
+    store = _write(tmp_path / "w.zarr", a, chunks=(32, 64), shards=(64, 128) if layout == "shard" else None)
+    sizes = []
+    pread = reader_mod._pread_into
+    monkeypatch.setattr(reader_mod, "_pread_into",
+                        lambda fd, view, off: (sizes.append(len(view)), pread(fd, view, off)))
+    reader = TileReader(store)
+    for tile, most in (((8, 16), 8 * 64 * 4), ((8, 4), 4 * 4)):
+        for reg in _regions(a.shape, tile):
+            sizes.clear()
+            np.testing.assert_array_equal(reader.read(reg), a[reg], err_msg=str(reg))
+            assert sizes and max(sizes) <= most and sum(sizes) <= reader_mod.BAND_WASTE * a[reg].nbytes, (reg, sizes)
+
+
 @pytest.mark.parametrize("dtype", [np.int16, np.uint8, np.float64, np.bool_])
 def test_reader_handles_other_dtypes_and_1d(tmp_path, dtype):
     a = (np.arange(101) % 7).astype(dtype)
