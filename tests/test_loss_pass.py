@@ -3,8 +3,9 @@
 X tiles are counted at the reader (``before_tile_read``), so the counts cannot
 drift with timing; every value is checked against ``jax`` on the same NumPy data.
 Where a gradient cannot be answered from the loss pass (a big input's gradient,
-an intermediate used twice, a weight of several tiles) it takes the ordinary
-lazy path, and the results must still be right.
+an intermediate used twice) it takes the ordinary lazy path, and the results must
+still be right. A weight of several tiles joins the loss pass when the loss's entry
+k reads every tile that entry k of its gradient's tiles reads.
 """
 import os
 
@@ -104,9 +105,11 @@ def test_a_big_inputs_gradient_is_computed_lazily_beside_the_weights(data):
            jax.grad(ref, argnums=(0, 1))(arrays["w"], arrays["X"]))
 
 
-def test_a_weight_of_several_tiles_is_left_to_the_backward_pass(tmp_path):
-    """X of 2 column tiles makes W1 (2 x 1 tiles) no one-tile reduction: W1's gradient takes a pass of its
-    own over X after the loss pass (twice in all, as without shared passes), and both are right."""
+@pytest.mark.parametrize("backend", ["xla", "pallas-interpret"])
+def test_a_weight_of_several_tiles_has_its_gradient_in_the_loss_pass(tmp_path, backend):
+    """X of 2 column tiles makes W1 2 x 1 tiles: each window takes entry k (row block k) of both tiles of
+    W1's gradient with the loss's entry k, which reads the same row block of X, so X is read once."""
+    jask.config.update("backend", backend)
     rng = np.random.default_rng(4)
     x = rng.standard_normal((N, 2 * TILE)).astype(np.float32)
     y = rng.standard_normal((N, 1)).astype(np.float32)
@@ -120,8 +123,26 @@ def test_a_weight_of_several_tiles_is_left_to_the_backward_pass(tmp_path):
     ref = lambda W1, W2: jnp.sum(jnp.square(x @ W1 @ W2 - y))
     got, passes = _passes_over_x(
         lambda: _host(jax.jit(jax.value_and_grad(loss, argnums=(0, 1)))(W1, W2, X, Y)), x_path)
-    assert passes == 2 * 2      # X has 2 tiles per row block: two passes
+    assert passes == 2          # X has 2 tiles per row block: one pass
     _check(got, jax.value_and_grad(ref, argnums=(0, 1))(w1, w2))
+
+
+def test_reductions_of_several_tiles_without_a_one_tile_anchor_keep_their_own_passes(tmp_path):
+    """Row sums of X and of X * X, X of 8 x 2 tiles: 8 output tiles of 2 entries each, and entry k of
+    every tile is a column block of X, not what one entry of a one-tile reduction reads. They are not
+    joined (a window would hold a whole column of X): each its own pass, both right."""
+    x = np.random.default_rng(6).standard_normal((N, 2 * TILE)).astype(np.float32)
+    x_path = str(tmp_path / "X2.zarr")
+    jask.to_zarr(jask.from_numpy(x), x_path, chunks=(TILE, TILE))
+    jask.config.update("tile", TILE)
+    import jask.numpy as jnp_
+    X = jask.from_zarr(x_path)
+    s1, s2 = jnp_.sum(X, axis=1), jnp_.sum(X * X, axis=1)
+    assert "same pass" not in jask.explain(s1, s2)
+    (a, b), passes = _passes_over_x(lambda: [np.asarray(v) for v in jask.persist(s1, s2)], x_path)
+    assert passes == 2 * 2      # 2 tiles per row block, read in each of two passes
+    np.testing.assert_allclose(a, x.sum(1), rtol=1e-5, atol=1e-4)
+    np.testing.assert_allclose(b, (x ** 2).sum(1), rtol=1e-5, atol=1e-4)
 
 
 def test_without_small_weights_the_loss_runs_alone(data, monkeypatch):

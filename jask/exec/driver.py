@@ -100,7 +100,7 @@ def _take_deferred(roots, drop_optional: bool = False) -> list[OpNode]:
 def run_sharing_pass(root, extras):
     """Compute the scalar ``root`` and, in its pass, those of the small ``extras`` the planner joins to it.
 
-    ``extras`` are reductions to one tile (the unit gradients of :mod:`jask.hijax.unit_grads`); one the
+    ``extras`` are small reductions (the unit gradients of :mod:`jask.hijax.unit_grads`); one the
     planner would compute in a pass of its own is left out, and with none left this is ``run([root])``.
     Returns the root's value and ``{id(extra): NumPy array}`` of those computed. Optional deferred
     stores (residuals a shared pass makes unneeded) are dropped from a shared run.
@@ -116,8 +116,8 @@ def run_sharing_pass(root, extras):
         joined = [e for e in kept if any(m is e.resolved() for m in group)]
         if len(joined) == len(kept):
             break
-        one_tile = [e for e in kept if all(g == 1 for g in grid(e.shape, p.tile))]
-        kept = one_tile if len(one_tile) < len(kept) else joined   # first drop what cannot join at all
+        can = [e for e in kept if p.joins_a_pass(e)]
+        kept = can if len(can) < len(kept) else joined   # first drop what cannot join at all
     if not kept:
         return run([root])[0], {}
     values = run([root, *kept], lambda n, tile: MemorySink(n, tile), drop_optional=True)

@@ -32,6 +32,7 @@ import numpy as np
 
 from jask.plan.fusion import entries_of, entry_program
 from jask.graph.nodes import OpNode, StoredNode, ZerosNode
+from jask.graph.tiling import grid
 from jask.io.reader import TileKey
 from jask.kernels.window import WindowSpec
 from jask.plan.memory import SLOTS_FIXED, SLOTS_PER_LEAF, SLOTS_PER_OP
@@ -278,7 +279,7 @@ def windows(plan, group, indices, limit_bytes: int, batch_bytes: int = WINDOW_IN
     for idx, per_node, (lo, hi) in _shared_tiles(plan, group, indices, share):
         if one_pass or (len(group) == 1 and len(per_node[0][1]) > 1):
             # a reduction tile split into entries; members of a one-pass group take entry k together
-            at = [(n, _member_index(n, idx, one_pass), ents) for n, ents in per_node]
+            at = _pass_members(plan, group) if one_pass else [(n, idx, ents) for n, ents in per_node]
             for k in range(lo, hi):
                 cost = _entry_cost(draft, at, k)
                 if draft.full(cost, limit_bytes, batch_bytes, len(at)):
@@ -306,6 +307,12 @@ def windows(plan, group, indices, limit_bytes: int, batch_bytes: int = WINDOW_IN
             draft.done.append((n, idx))
     if draft.entries or draft.done:
         yield draft.seal()
+
+
+def _pass_members(plan, group):
+    """``(node, tile, entries)`` of every output tile of a one-pass group's members (they differ in shape)."""
+    return [(n, i, entries_of(plan.prepared[id(n)], n, i)) for n in group
+            for i in np.ndindex(*grid(n.shape, plan.tile))]
 
 
 def _member_index(node, idx, one_pass):
