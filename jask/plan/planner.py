@@ -29,6 +29,7 @@ from jask.graph.nodes import Node, OpNode, ZerosNode
 from jask.graph.op import CustomOp
 from jask.graph.tiling import grid, tiled
 from jask.plan.fusion import entries_of, entry_program, live_positions
+from jask.plan.one_pass import PlanView, pass_reduction, pass_reductions, shares_a_pass
 from jask.plan.memory import SLOTS_FIXED, SLOTS_PER_LEAF, elements, group_bytes, human_bytes, projected_bytes, tile_bytes
 from jask.plan.tiling import MAX_TILE_ELEMENTS, MIN_TILE_EDGE, first_tile
 from jask.plan.walk import collect, leaves_and_ops, nbytes
@@ -39,9 +40,6 @@ LOCKSTEP_MIN_TILE_BYTES = 1 << 20  # the planner halves the tile for a lockstep 
 # program recurses once per fused op (a 329-op rebinding loop hit Python's recursion limit), and
 # one program per 64 ops keeps each compile small.
 MAX_FUSED_CHAIN = 64
-# A one-pass group's member of several output tiles (a weight of several tiles' gradient) takes entry k of
-# every tile into the window of the loss's entry k: at most this many tiles.
-MAX_PASS_TILES = 16
 
 
 @dataclasses.dataclass
@@ -71,14 +69,14 @@ class Plan:
         self.fused_ids = {id(n) for n in self.fused}
 
     def one_pass(self, group) -> bool:
-        """Whether ``group`` is reductions to one tile each sharing a pass entry by entry (see
-        :func:`_lockstep_groups`; a lockstep group's members have one entry per tile)."""
-        return len(group) > 1 and all(_pass_reduction(n, self.prepared[id(n)], self.tile) for n in group)
+        """Whether ``group`` is reductions sharing a pass entry by entry (:mod:`jask.plan.one_pass`; a
+        lockstep group's members have one entry per tile)."""
+        return len(group) > 1 and all(pass_reduction(n, self.prepared[id(n)], self.tile) for n in group)
 
     def joins_a_pass(self, node) -> bool:
         """Whether ``node`` could share a one-pass group: a reduction whose every tile has the same entries."""
         prep = self.prepared.get(id(node.resolved()))
-        return prep is not None and _pass_reduction(node.resolved(), prep, self.tile)
+        return prep is not None and pass_reduction(node.resolved(), prep, self.tile)
 
     def describe(self) -> str:
         lines = [f"plan: tile edge {self.tile}, projected peak {human_bytes(self.projected_bytes)} "
@@ -146,7 +144,7 @@ def _plan_at(roots, order, tile, one_pass=True):
     prepared = {id(n): _prepare(n, tile, _prepared_cache) for n in order}
     live = lambda n: live_positions(n, prepared[id(n)].op)
     live_order, edges = collect(roots, live)
-    co = _pass_reductions(roots, prepared, tile) if config.fusion and one_pass else set()
+    co = pass_reductions(roots, prepared, tile) if config.fusion and one_pass else set()
     below_co = _feeding_only(co, live_order, edges, root_ids)
     fused_ids, chain = set(), {}
     for n in live_order:  # producers come before consumers
@@ -168,12 +166,16 @@ def _plan_at(roots, order, tile, one_pass=True):
     if need > config.memory_budget:
         return None, need, names, refused
     # fused for a shared pass with several consumers: computed once per window, not inlined in each
-    shared = frozenset(id(n) for n in fused if id(n) in below_co
-                       and (len(edges[id(n)]) > 1 or _reads_a_tile_twice(*edges[id(n)][0][:1], prepared,
-                                                                            edges[id(n)][0][1], tile))
+    shared = frozenset(id(n) for n in fused if id(n) in below_co and _read_twice(edges[id(n)], prepared, tile)
                        and _reads_much_more_than_it_makes(n, prepared[id(n)], tile))
     p = Plan(tile, list(roots), stages, fused, prepared, need, config.memory_budget, live, groups, shared)
     return p, need, names, refused
+
+
+def _read_twice(uses, prepared, tile) -> bool:
+    """Whether a node's tile is read more than once in a window: by several consumers, or by one at
+    several of its tiles (a member of several tiles reads it at entry k of each)."""
+    return len(uses) > 1 or _reads_a_tile_twice(uses[0][0], prepared, uses[0][1], tile)
 
 
 def _reads_much_more_than_it_makes(node, prep, tile) -> bool:
@@ -182,30 +184,6 @@ def _reads_much_more_than_it_makes(node, prep, tile) -> bool:
     ins = sum(tile_bytes(node.inputs[p].resolved(), tile) for p in live_positions(node, prep.op)
               if node.inputs[p].resolved().shape != ())
     return ins > 4 * tile_bytes(node, tile)
-
-
-def _pass_reductions(roots, prepared, tile) -> set:
-    """Ids of the roots that reduce to few output tiles, each over as many entries (a loss, a small weight's
-    gradient), when there are two or more: they may share one pass over what they read."""
-    found = {id(n) for n in (r.resolved() for r in roots)
-             if isinstance(n, OpNode) and id(n) in prepared and not isinstance(prepared[id(n)].op, CustomOp)
-             and _pass_reduction(n, prepared[id(n)], tile)}
-    return found if len(found) > 1 else set()
-
-
-def _pass_reduction(node, prep, tile) -> bool:
-    """At most ``MAX_PASS_TILES`` output tiles, each computed from the same number (> 1) of entries.
-
-    An ``index_map`` that raises is no such reduction here: its error is raised where the tile is
-    computed, which names the tile."""
-    tiles = list(np.ndindex(*grid(node.shape, tile)))
-    if len(tiles) > MAX_PASS_TILES:
-        return False
-    try:
-        k = len(entries_of(prep, node, tiles[0]))
-        return k > 1 and all(len(entries_of(prep, node, idx)) == k for idx in tiles[1:])
-    except Exception:   # noqa: BLE001 -- a user op's index_map; the pass raises it with the tile named
-        return False
 
 
 def _feeding_only(targets, live_order, edges, root_ids) -> set:
@@ -237,7 +215,7 @@ def _lockstep_groups(stages, prepared, fused_ids, tile, live, budget,
     and whether a join was refused only for the budget.
 
     Consecutive ``one_pass`` stages (roots reducing to one tile each, see
-    :func:`_pass_reductions`) with as many entries each, that read a leaf
+    :func:`jask.plan.one_pass.pass_reductions`) with as many entries each, that read a leaf
     in common and none of each other, join one group too: the schedule then
     takes entry k of every member into the same window, so a loss and the
     gradients of small weights below it read X once together.
@@ -248,7 +226,7 @@ def _lockstep_groups(stages, prepared, fused_ids, tile, live, budget,
         if id(node) in one_pass:
             simple = False
             joins = (bool(groups) and all(id(m) in one_pass for m in groups[-1])
-                     and _shares_a_pass(node, groups[-1], prepared, fused_ids, tile, live))
+                     and shares_a_pass(node, groups[-1], prepared, fused_ids, tile, live))
         else:
             simple = (node.shape != () and not isinstance(prepared[id(node)].op, CustomOp)
                       and _one_entry_per_tile(node, prepared[id(node)], tile))
@@ -264,44 +242,6 @@ def _lockstep_groups(stages, prepared, fused_ids, tile, live, budget,
     return groups, refused
 
 
-def _shares_a_pass(node, members, prepared, fused_ids, tile, live) -> bool:
-    """Whether ``node`` can take its entries together with the pass reductions ``members``: as many
-    entries, a leaf in common, no member's output among what it reads, and members of several tiles
-    anchored (:func:`_anchored`)."""
-    count = lambda n: len(entries_of(prepared[id(n)], n, (0,) * n.ndim))
-    leaves = {id(x) for x in leaves_and_ops(node, fused_ids, live)[0]}
-    theirs = {id(x) for m in members for x in leaves_and_ops(m, fused_ids, live)[0]}
-    return (count(node) == count(members[0]) and bool(leaves & theirs)
-            and not leaves & {id(m) for m in members} and _anchored([*members, node], prepared, fused_ids, tile))
-
-
-def _anchored(group, prepared, fused_ids, tile) -> bool:
-    """Members of several output tiles need a one-tile member whose entry 0 reads every leaf tile that
-    entry 0 of all their tiles reads (a loss reads the row block of X each tile of W1's gradient reads a
-    tile of). A window takes entry k of every member's every tile, so it then holds little more than
-    the one-tile members' entry k (what the plan's projection charges), whatever the tile count."""
-    wide = [n for n in group if any(g > 1 for g in grid(n.shape, tile))]
-    narrow = [n for n in group if all(g == 1 for g in grid(n.shape, tile))]
-    if not wide:
-        return True
-    view = _PlanView(tile, prepared, fused_ids)
-
-    def reads(node, entry):   # stored tiles, through nested producers (a product over several entries)
-        out = set()
-        for leaf in entry_program(view, node, entry).leaves:
-            if leaf.kind == "tile" and id(leaf.node) in fused_ids:
-                for e in entries_of(prepared[id(leaf.node)], leaf.node, tuple(leaf.block)):
-                    out |= reads(leaf.node, e)
-            elif leaf.kind == "tile":
-                out.add((id(leaf.node), tuple(leaf.block)))
-        return out
-
-    def first_reads(nodes):
-        return set().union(*(reads(n, entries_of(prepared[id(n)], n, idx)[0])
-                             for n in nodes for idx in np.ndindex(*grid(n.shape, tile))))
-    return bool(narrow) and first_reads(wide) <= first_reads(narrow)
-
-
 def _reads_members_in_step(node, members, prepared, fused_ids, tile, live, allowed=True) -> bool:
     """Whether ``node`` reads the members' outputs, if at all, only at its own output tile index
     (and not at all unless ``allowed``)."""
@@ -310,7 +250,7 @@ def _reads_members_in_step(node, members, prepared, fused_ids, tile, live, allow
         return True
     if not allowed:
         return False
-    view = _PlanView(tile, prepared, fused_ids)
+    view = PlanView(tile, prepared, fused_ids)
     prep = prepared[id(node)]
     for idx in itertools.product(*map(range, grid(node.shape, tile))):
         for entry in entries_of(prep, node, idx):
@@ -318,16 +258,6 @@ def _reads_members_in_step(node, members, prepared, fused_ids, tile, live, allow
                 if id(leaf.node) in member_ids and leaf.kind == "tile" and leaf.block != idx:
                     return False
     return True
-
-
-@dataclasses.dataclass(frozen=True)
-class _PlanView:
-    """What :func:`entry_program` needs of a plan, before the plan exists."""
-
-    tile: int
-    prepared: dict
-    fused_ids: set
-    shared_ids: frozenset = frozenset()
 
 
 def _tiles_read(consumer: OpNode, prep: Prepared, position: int, tile: int) -> list:
@@ -354,19 +284,18 @@ def _should_fuse(node, edges, prepared, fused_ids, tile, live, feeds_one_pass=Fa
     ``feeds_one_pass``: every consumer leads only to reductions that share a
     pass (:func:`_lockstep_groups`): a window holds entry k of all of them, so
     the node's tiles there are those of one block row, computed once per window
-    when costly (``Plan.shared_ids``), and such a chain is always fused (also a
-    product over several entries, or a node a member of several tiles reads at
-    each of its tiles).
+    when costly (``Plan.shared_ids``), and such a chain is fused (also a product
+    over several entries, or a node a member of several tiles reads at entry k
+    of each of its tiles) unless a consumer reads a tile of it at two entries.
     """
     if isinstance(prepared[id(node)].op, CustomOp):
         return False
-    if any(isinstance(prepared[id(consumer)].op, CustomOp) for consumer, _ in edges):
-        return False
+    for consumer, p in edges:
+        if (isinstance(prepared[id(consumer)].op, CustomOp)
+                or _reads_a_tile_twice(consumer, prepared, p, tile, same_entry_ok=feeds_one_pass)):
+            return False
     if feeds_one_pass:
         return True
-    for consumer, p in edges:
-        if _reads_a_tile_twice(consumer, prepared, p, tile):
-            return False
     if len(edges) == 1:
         return True
     leaves, ops = leaves_and_ops(node, fused_ids, live)
@@ -377,9 +306,20 @@ def _should_fuse(node, edges, prepared, fused_ids, tile, live, feeds_one_pass=Fa
     return c * ratio <= ratio + 1 + c
 
 
-def _reads_a_tile_twice(consumer, prepared, position, tile) -> bool:
-    seen = _tiles_read(consumer, prepared[id(consumer)], position, tile)
-    return len(seen) != len(set(seen))
+def _reads_a_tile_twice(consumer, prepared, position, tile, same_entry_ok=False) -> bool:
+    """Whether ``consumer`` reads some tile at input ``position`` more than once over its output tiles;
+    with ``same_entry_ok``, at more than one entry index k (a one-pass window holds entry k of every
+    tile, where the tile is computed once)."""
+    prep = prepared[id(consumer)]
+    if not same_entry_ok:
+        seen = _tiles_read(consumer, prep, position, tile)
+        return len(seen) != len(set(seen))
+    first_k = {}
+    for out_idx in np.ndindex(*grid(consumer.shape, tile)):
+        for k, entry in enumerate(entries_of(prep, consumer, out_idx)):
+            if first_k.setdefault(entry[position], k) != k:
+                return True
+    return False
 
 
 def _prepare(node: OpNode, tile: int, cache) -> Prepared:
