@@ -7,7 +7,6 @@ an intermediate used twice) it takes the ordinary lazy path, and the results mus
 still be right. A weight of several tiles joins the loss pass when the loss's entry
 k reads every tile that entry k of its gradient's tiles reads.
 """
-import os
 
 import jax
 import jax.numpy as jnp
@@ -15,8 +14,8 @@ import numpy as np
 import pytest
 
 import jask
+from disk_data import store_arrays, tile_reads
 from jask.hijax import unit_grads
-from jask.io import faults
 
 N, F, TILE = 512, 64, 64
 
@@ -27,19 +26,11 @@ def data(tmp_path):
     arrays = {"X": rng.standard_normal((N, F)), "y": rng.standard_normal((N, 1)),
               "w": rng.standard_normal((F, 1)) * 0.1, "v": rng.standard_normal((F, 1)) * 0.1}
     arrays = {k: a.astype(np.float32) for k, a in arrays.items()}
-    for name, a in arrays.items():
-        jask.to_zarr(jask.from_numpy(a), str(tmp_path / f"{name}.zarr"), chunks=tuple(min(TILE, d) for d in a.shape))
-    jask.config.update("tile", TILE)
-    disk = {k: jask.from_zarr(str(tmp_path / f"{k}.zarr")) for k in arrays}
-    return arrays, disk, str(tmp_path / "X.zarr")
+    return arrays, store_arrays(tmp_path, arrays, TILE), str(tmp_path / "X.zarr")
 
 
 def _passes_over_x(fn, x_path):
-    recorder = faults.Recorder()
-    with faults.armed(recorder):
-        out = fn()
-    reads = sum(1 for point, path in recorder.points
-                if point == "before_tile_read" and os.path.realpath(path or "") == os.path.realpath(x_path))
+    out, reads = tile_reads(fn, x_path)
     return out, reads / (N // TILE)
 
 
@@ -115,10 +106,8 @@ def test_a_weight_of_several_tiles_has_its_gradient_in_the_loss_pass(tmp_path, b
     y = rng.standard_normal((N, 1)).astype(np.float32)
     w1 = (rng.standard_normal((2 * TILE, 8)) * 0.1).astype(np.float32)
     w2 = (rng.standard_normal((8, 1)) * 0.1).astype(np.float32)
-    x_path = str(tmp_path / "X2.zarr")
-    jask.to_zarr(jask.from_numpy(x), x_path, chunks=(TILE, TILE))
-    jask.config.update("tile", TILE)
-    X, Y, W1, W2 = jask.from_zarr(x_path), jask.from_numpy(y), jask.from_numpy(w1), jask.from_numpy(w2)
+    X, x_path = store_arrays(tmp_path, {"X2": x}, TILE)["X2"], str(tmp_path / "X2.zarr")
+    Y, W1, W2 = jask.from_numpy(y), jask.from_numpy(w1), jask.from_numpy(w2)
     loss = lambda W1, W2, X, y: jask.sum(jask.square(X @ W1 @ W2 - y))
     ref = lambda W1, W2: jnp.sum(jnp.square(x @ W1 @ W2 - y))
     got, passes = _passes_over_x(
@@ -132,11 +121,8 @@ def test_reductions_of_several_tiles_without_a_one_tile_anchor_keep_their_own_pa
     every tile is a column block of X, not what one entry of a one-tile reduction reads. They are not
     joined (a window would hold a whole column of X): each its own pass, both right."""
     x = np.random.default_rng(6).standard_normal((N, 2 * TILE)).astype(np.float32)
-    x_path = str(tmp_path / "X2.zarr")
-    jask.to_zarr(jask.from_numpy(x), x_path, chunks=(TILE, TILE))
-    jask.config.update("tile", TILE)
+    X, x_path = store_arrays(tmp_path, {"X2": x}, TILE)["X2"], str(tmp_path / "X2.zarr")
     import jask.numpy as jnp_
-    X = jask.from_zarr(x_path)
     s1, s2 = jnp_.sum(X, axis=1), jnp_.sum(X * X, axis=1)
     assert "same pass" not in jask.explain(s1, s2)
     (a, b), passes = _passes_over_x(lambda: [np.asarray(v) for v in jask.persist(s1, s2)], x_path)

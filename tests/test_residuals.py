@@ -11,7 +11,6 @@ kept, X was read three times. X tiles are counted at the reader
 (``before_tile_read``), so the count cannot drift with timing. Gradients are
 checked against ``jax.grad`` of the same jnp loss.
 """
-import os
 
 import jax
 import jax.numpy as jnp
@@ -19,8 +18,8 @@ import numpy as np
 import pytest
 
 import jask
+from disk_data import store_arrays, tile_reads
 from jask.hijax import residuals, unit_grads
-from jask.io import faults
 
 N, F, H = 512, 64, 8
 TILE = 64
@@ -32,23 +31,11 @@ def data(tmp_path):
     arrays = {"X": rng.standard_normal((N, F)), "Y": rng.standard_normal((N, 1)),
               "W1": rng.standard_normal((F, H)) * 0.1, "W2": rng.standard_normal((H, 1)) * 0.1}
     arrays = {k: v.astype(np.float32) for k, v in arrays.items()}
-    for name, a in arrays.items():
-        jask.to_zarr(jask.from_numpy(a), str(tmp_path / f"{name}.zarr"), chunks=tuple(min(TILE, d) for d in a.shape))
-    jask.config.update("tile", TILE)
-    disk = {k: jask.from_zarr(str(tmp_path / f"{k}.zarr")) for k in arrays}
-    return arrays, disk, str(tmp_path / "X.zarr")
+    return arrays, store_arrays(tmp_path, arrays, TILE), str(tmp_path / "X.zarr")
 
 
 def _loss(W1, W2, X, Y):
     return jask.sum(jask.square(X @ W1 @ W2 - Y)) / X.shape[0]
-
-
-def _x_tile_reads(fn, x_path):
-    recorder = faults.Recorder()
-    with faults.armed(recorder):
-        out = fn()
-    return out, sum(1 for point, path in recorder.points
-                    if point == "before_tile_read" and os.path.realpath(path or "") == os.path.realpath(x_path))
 
 
 def _reference(arrays):
@@ -75,7 +62,7 @@ def test_how_often_a_two_layer_gradient_reads_x(data, mode, passes, monkeypatch)
         loss, (g1, g2) = step(d["W1"], d["W2"], d["X"], d["Y"])
         return float(loss), np.asarray(g1), np.asarray(g2)
 
-    (loss, g1, g2), reads = _x_tile_reads(run, x_path)
+    (loss, g1, g2), reads = tile_reads(run, x_path)
     x_tiles = (N // TILE) * (F // TILE)
     assert reads == passes * x_tiles, reads / x_tiles
     want_loss, (want_g1, want_g2) = _reference(arrays)
@@ -90,7 +77,7 @@ def test_eager_gradients_read_x_as_often(data, mode, passes, monkeypatch):
     if mode != "one_pass":
         _one_pass_off(monkeypatch)
     grad = jax.grad(_loss, argnums=(0, 1))
-    (g1, g2), reads = _x_tile_reads(lambda: [np.asarray(g) for g in grad(d["W1"], d["W2"], d["X"], d["Y"])], x_path)
+    (g1, g2), reads = tile_reads(lambda: [np.asarray(g) for g in grad(d["W1"], d["W2"], d["X"], d["Y"])], x_path)
     assert reads == passes * (N // TILE) * (F // TILE)
     _, (want_g1, want_g2) = _reference(arrays)
     np.testing.assert_allclose(g1, np.asarray(want_g1), rtol=1e-4, atol=1e-6)
@@ -118,7 +105,7 @@ def test_a_one_layer_gradient_keeps_nothing(data, mode, passes, monkeypatch):
     w = jask.from_numpy(arrays["W1"][:, :1])
     step = jax.jit(jax.value_and_grad(lambda w, X, Y: jask.sum(jask.square(X @ w - Y)) / X.shape[0]))
     with jask.profile() as stats:
-        (loss, g), reads = _x_tile_reads(lambda: (lambda out: (float(out[0]), np.asarray(out[1])))(
+        (loss, g), reads = tile_reads(lambda: (lambda out: (float(out[0]), np.asarray(out[1])))(
             step(w, d["X"], d["Y"])), x_path)
     assert stats.arrays_written == 0 and stats.bytes_written <= F * 4    # at most w's gradient, stored
     assert reads == passes * (N // TILE) * (F // TILE)

@@ -36,10 +36,14 @@ class Kernels:
     """Window programs and fold functions of one backend, compiled once per program shape."""
 
     def __init__(self):
-        self._programs = ProgramCache()   # bounded in bytes (jask.exec.program_cache)
-        self.programs = self._programs    # also holds joined windows (jask.exec.joined_window)
-        self._combines = self._programs   # fold functions count against the same bound
+        self._programs = ProgramCache()   # bounded in bytes (jask.exec.program_cache); fold functions and
+        # joined windows (jask.exec.joined_window) count against the same bound
         self._proven: set = set()   # stacked programs whose first call compiled and ran
+
+    @property
+    def programs(self) -> ProgramCache:
+        """The program cache (a test may swap ``_programs``; this always names the one in use)."""
+        return self._programs
 
     def program(self, backend, call, carried=(), maybe=()):
         """``(program, how)``: the backend's window program over stacks (``"stacked"``), or the xla
@@ -114,11 +118,11 @@ class Kernels:
 
     def combine(self, root_op):
         key = _Same(root_op)
-        fn = self._combines.get(key)
+        fn = self._programs.get(key)
         if fn is None:
             fn = Charged(jax.jit(lambda acc, part: jnp.asarray(root_op.combine(acc, part)).astype(acc.dtype)),
-                         self._combines, key)
-            self._combines.put(key, fn)
+                         self._programs, key)
+            self._programs.put(key, fn)
         return fn
 
 

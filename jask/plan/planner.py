@@ -64,14 +64,15 @@ class Plan:
     live: object = None
     groups: list = dataclasses.field(default_factory=list)
     shared_ids: frozenset = frozenset()   # fused nodes a window computes once for several consumers
+    pass_ids: frozenset = frozenset()     # roots that may share a pass (jask.plan.one_pass.pass_reductions)
 
     def __post_init__(self):
         self.fused_ids = {id(n) for n in self.fused}
 
     def one_pass(self, group) -> bool:
         """Whether ``group`` is reductions sharing a pass entry by entry (:mod:`jask.plan.one_pass`; a
-        lockstep group's members have one entry per tile)."""
-        return len(group) > 1 and all(pass_reduction(n, self.prepared[id(n)], self.tile) for n in group)
+        lockstep group's members have one entry per tile, so never pass reductions)."""
+        return len(group) > 1 and all(id(n) in self.pass_ids for n in group)
 
     def joins_a_pass(self, node) -> bool:
         """Whether ``node`` could share a one-pass group: a reduction whose every tile has the same entries."""
@@ -168,7 +169,8 @@ def _plan_at(roots, order, tile, one_pass=True):
     # fused for a shared pass with several consumers: computed once per window, not inlined in each
     shared = frozenset(id(n) for n in fused if id(n) in below_co and _read_twice(edges[id(n)], prepared, tile)
                        and _reads_much_more_than_it_makes(n, prepared[id(n)], tile))
-    p = Plan(tile, list(roots), stages, fused, prepared, need, config.memory_budget, live, groups, shared)
+    p = Plan(tile, list(roots), stages, fused, prepared, need, config.memory_budget, live, groups, shared,
+             frozenset(co))
     return p, need, names, refused
 
 
