@@ -4,7 +4,7 @@
 then the backward's pass for ``w``'s gradient. The backward is linear in the
 loss's cotangent ``g``, so each contribution to a weight's gradient is ``g``
 times its contribution for ``g = 1`` (its *unit* contribution), and for a small
-weight that is a reduction to one tile over the same tiles of X as the loss.
+weight that is a reduction to a few tiles over the same tiles of X as the loss.
 
 So when an op with a scalar output runs under differentiation
 (``OpPrimitive.vjp_fwd``), :func:`run_loss` walks the graph below it, builds the
