@@ -116,6 +116,28 @@ def test_a_weight_of_several_tiles_has_its_gradient_in_the_loss_pass(tmp_path, b
     _check(got, jax.value_and_grad(ref, argnums=(0, 1))(w1, w2))
 
 
+@pytest.mark.parametrize("backend", ["xla", "pallas-interpret"])
+@pytest.mark.parametrize("columns", [1, 2])
+def test_an_x_of_a_single_row_block_is_read_once_per_step(tmp_path, backend, columns):
+    """The README's example: X is one row block (one tile, or two column tiles), so the loss is a reduction
+    of a single entry. Its small weights' gradients (one entry per tile too) share its window: X is read
+    once per jitted step, also in the second step (the compiled step reused), values as jax's."""
+    jask.config.update("backend", backend)
+    rng = np.random.default_rng(7)
+    x = rng.standard_normal((TILE, columns * TILE)).astype(np.float32)
+    y = rng.standard_normal((TILE, 1)).astype(np.float32)
+    w = (rng.standard_normal((columns * TILE, 1)) * 0.1).astype(np.float32)
+    X, x_path = store_arrays(tmp_path, {"X1": x}, TILE)["X1"], str(tmp_path / "X1.zarr")
+    loss = lambda w, X, y: jask.sum(jask.square(X @ w - y))
+    step = jax.jit(jax.value_and_grad(loss))
+    want = jax.value_and_grad(lambda w: jnp.sum(jnp.square(x @ w - y)))(w)
+    for _ in range(2):
+        with jask.profile() as p:
+            got, reads = tile_reads(lambda: _host(step(jask.from_numpy(w), X, jask.from_numpy(y))), x_path)
+        assert reads == columns and p.windows == 1, (reads, p.windows)
+        _check(got, want)
+
+
 def test_reductions_of_several_tiles_without_a_one_tile_anchor_keep_their_own_passes(tmp_path):
     """Row sums of X and of X * X, X of 8 x 2 tiles: 8 output tiles of 2 entries each, and entry k of
     every tile is a column block of X, not what one entry of a one-tile reduction reads. They are not

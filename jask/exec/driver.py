@@ -116,7 +116,7 @@ def run_sharing_pass(root, extras):
         joined = [e for e in kept if any(m is e.resolved() for m in group)]
         if len(joined) == len(kept):
             break
-        can = [e for e in kept if p.joins_a_pass(e)]
+        can = [e for e in kept if p.joins_a_pass(e, root)]
         kept = can if len(can) < len(kept) else joined   # first drop what cannot join at all
     if not kept:
         return run([root])[0], {}

@@ -3,7 +3,8 @@
 A loss and its small weights' unit gradients (``jask.hijax.unit_grads``) each reduce over the row
 blocks of X. The planner joins such roots into one group (``planner._lockstep_groups``) when this
 module says they can share a pass; the schedule then takes entry k of every member's every output
-tile into the same window (``jask.exec.schedule``), so X is read once for all of them.
+tile into the same window (``jask.exec.schedule``), so X is read once for all of them. Where X is a
+single row block the loss has one entry, and so do its weights' gradients: one window computes them all.
 """
 from __future__ import annotations
 
@@ -34,26 +35,36 @@ class PlanView:
 
 def pass_reductions(roots, prepared, tile) -> set:
     """Ids of the roots that reduce to few output tiles, each over as many entries (a loss, a small weight's
-    gradient), when there are two or more: they may share one pass over what they read."""
-    found = {id(n) for n in (r.resolved() for r in roots)
-             if isinstance(n, OpNode) and id(n) in prepared and not isinstance(prepared[id(n)].op, CustomOp)
-             and pass_reduction(n, prepared[id(n)], tile)}
+    gradient), when there are two or more: they may share one pass over what they read.
+
+    Roots of one entry per tile count only beside a scalar root of one entry (a loss over an X of a
+    single tile): its small weights' gradients then come from the same window instead of a second
+    read of X. Without a scalar loss such roots are ordinary tile ops (lockstep groups join them)."""
+    counts = {}
+    for n in (r.resolved() for r in roots):
+        if isinstance(n, OpNode) and id(n) in prepared and not isinstance(prepared[id(n)].op, CustomOp):
+            k = entry_count(n, prepared[id(n)], tile)
+            if k:
+                counts[id(n)] = (k, n.shape == ())
+    single = any(k == 1 and scalar for k, scalar in counts.values())
+    found = {i for i, (k, _) in counts.items() if k > 1 or (single and k == 1)}
     return found if len(found) > 1 else set()
 
 
-def pass_reduction(node, prep, tile) -> bool:
-    """At most ``MAX_PASS_TILES`` output tiles, each computed from the same number (> 1) of entries.
+def entry_count(node, prep, tile) -> int:
+    """The entry count of every output tile when they all have the same and there are at most
+    ``MAX_PASS_TILES`` tiles, else 0.
 
-    An ``index_map`` that raises is no such reduction here: its error is raised where the tile is
-    computed, which names the tile."""
+    An ``index_map`` that raises gives 0 here: its error is raised where the tile is computed, which
+    names the tile."""
     tiles = list(np.ndindex(*grid(node.shape, tile)))
     if len(tiles) > MAX_PASS_TILES:
-        return False
+        return 0
     try:
         k = len(entries_of(prep, node, tiles[0]))
-        return k > 1 and all(len(entries_of(prep, node, idx)) == k for idx in tiles[1:])
+        return k if all(len(entries_of(prep, node, idx)) == k for idx in tiles[1:]) else 0
     except Exception:   # noqa: BLE001 -- a user op's index_map; the pass raises it with the tile named
-        return False
+        return 0
 
 
 def shares_a_pass(node, members, prepared, fused_ids, tile, live) -> bool:

@@ -29,7 +29,7 @@ from jask.graph.nodes import Node, OpNode, ZerosNode
 from jask.graph.op import CustomOp
 from jask.graph.tiling import grid, tiled
 from jask.plan.fusion import entries_of, entry_program, live_positions
-from jask.plan.one_pass import PlanView, pass_reduction, pass_reductions, shares_a_pass
+from jask.plan.one_pass import PlanView, entry_count, pass_reductions, shares_a_pass
 from jask.plan.memory import SLOTS_FIXED, SLOTS_PER_LEAF, elements, group_bytes, human_bytes, projected_bytes, tile_bytes
 from jask.plan.tiling import MAX_TILE_ELEMENTS, MIN_TILE_EDGE, first_tile
 from jask.plan.walk import collect, leaves_and_ops, nbytes
@@ -70,14 +70,17 @@ class Plan:
         self.fused_ids = {id(n) for n in self.fused}
 
     def one_pass(self, group) -> bool:
-        """Whether ``group`` is reductions sharing a pass entry by entry (:mod:`jask.plan.one_pass`; a
-        lockstep group's members have one entry per tile, so never pass reductions)."""
+        """Whether ``group`` is reductions sharing a pass entry by entry (:mod:`jask.plan.one_pass`; the
+        planner never puts a pass reduction in a lockstep group)."""
         return len(group) > 1 and all(id(n) in self.pass_ids for n in group)
 
-    def joins_a_pass(self, node) -> bool:
-        """Whether ``node`` could share a one-pass group: a reduction whose every tile has the same entries."""
-        prep = self.prepared.get(id(node.resolved()))
-        return prep is not None and pass_reduction(node.resolved(), prep, self.tile)
+    def joins_a_pass(self, node, loss) -> bool:
+        """Whether ``node`` could share the scalar ``loss``'s one-pass group: every tile of it has as many
+        entries as the loss (:func:`jask.plan.one_pass.entry_count`)."""
+        count = lambda n: (entry_count(n.resolved(), self.prepared[id(n.resolved())], self.tile)  # noqa: E731
+                           if id(n.resolved()) in self.prepared else 0)
+        k = count(node)
+        return k > 0 and k == count(loss)
 
     def describe(self) -> str:
         lines = [f"plan: tile edge {self.tile}, projected peak {human_bytes(self.projected_bytes)} "
