@@ -142,7 +142,7 @@ def test_pallas_windows_it_cannot_run_fall_back_per_window(small_tiles, monkeypa
         total = float(jask.sum(a * a))
     np.testing.assert_allclose(out, A @ B, rtol=1e-5, atol=1e-5)
     np.testing.assert_allclose(total, float((A * A).sum()), rtol=1e-5)
-    assert p.windows > 2 and p.xla_fallback_calls == p.kernel_calls
+    assert p.windows > 2 and p.xla_fallback_calls == p.window_programs >= p.kernel_calls
 
 
 def test_a_program_the_platform_compiler_refuses_runs_on_xla_from_then_on():

@@ -219,33 +219,28 @@ def test_explain_names_fused_ops(small_tiles):
 
 # ---------------------------------------------------------------- one kernel call per window
 
-# 9x6 in tiles of 4: rows of 4, 4, 1 and columns of 4, 2, so four tile shapes; a Pallas window calls
-# one kernel per tile shape (ragged edges are never padded), an xla window joins every call into one
-# program (jask.exec.joined_window), and everything here fits one window.
+# 9x6 in tiles of 4: rows of 4, 4, 1 and columns of 4, 2, so four tile shapes, each a program of its own
+# (ragged edges are never padded); a window joins its programs into one call (jask.exec.joined_window),
+# on every backend, and everything here fits one window.
 RAGGED_SHAPES = 4
-
-
-def calls_per_window(backend, calls):
-    """Kernel calls of a window that holds ``calls`` program shapes: one on xla, where they are joined."""
-    return 1 if backend == "xla" else calls
 
 
 @pytest.mark.parametrize("backend", ["xla", "pallas-interpret"])
 def test_elementwise_chain_is_one_kernel_per_window(small_tiles, backend):
-    """The 8-op chain (a user op among them) runs as one kernel launch per window (and tile shape on Pallas)."""
+    """The 8-op chain (a user op among them) runs as one kernel launch per window, a program per tile shape."""
     jask.config.update("backend", backend)
     (A, B), (a, b) = _data((9, 6), (9, 6))
     with jask.profile() as p:
         out = jask.persist(cube(_chain8(a, b, jask.square)))
-    assert (p.tiles, p.windows, p.kernel_calls) == (6, 1, calls_per_window(backend, RAGGED_SHAPES))
+    assert (p.tiles, p.windows, p.kernel_calls, p.window_programs) == (6, 1, 1, RAGGED_SHAPES)
     np.testing.assert_allclose(np.asarray(out), _chain8(A, B, np.square) ** 3, rtol=1e-4, atol=1e-4)
     jask.config.update("fusion", False)
     with jask.profile() as q:
         jask.persist(cube(_chain8(a, b, jask.square)))
     # the chain's nine ops and cube, each its own kernel in passes of one window (two independent
-    # stages of one shape may share a pass and its reads, and then a window on xla)
-    assert q.windows <= 10
-    assert q.kernel_calls == (q.windows if backend == "xla" else 10 * RAGGED_SHAPES)
+    # stages of one shape may share a pass and its reads, and then a window)
+    assert q.windows <= 10 and q.kernel_calls == q.windows
+    assert q.window_programs == 10 * RAGGED_SHAPES
 
 
 @pytest.mark.parametrize("backend", ["xla", "pallas-interpret"])
@@ -260,8 +255,8 @@ def test_kernel_calls_equal_windows_when_tiles_are_equal(small_tiles, backend):
     with jask.profile() as q:
         total = jask.sum(jask.square(a - b) @ jask.transpose(b))
     # square(a - b) and b.T are stored (the dot reads their tiles repeatedly): a window each; the
-    # sum's window holds two programs, the fused dot's tiles and then the sum over them (joined on xla)
-    assert (q.windows, q.kernel_calls) == (3, calls_per_window(backend, 2) + 2)
+    # sum's window holds two programs, the fused dot's tiles and then the sum over them (joined)
+    assert (q.windows, q.kernel_calls, q.window_programs) == (3, 3, 4)
     np.testing.assert_allclose(float(total), float(np.sum(np.square(A - B) @ B.T)), rtol=1e-4)
 
 
@@ -283,13 +278,13 @@ def test_small_budget_splits_a_pass_into_windows(small_tiles):
 
 
 def test_reduction_of_a_chain_is_one_kernel_per_tile_shape(small_tiles):
-    """sum(square(a - b)): one fused program folds every entry, one call per input tile shape on Pallas."""
+    """sum(square(a - b)): one fused program per input tile shape folds its entries, all in one call."""
     _, (a, b) = _data((9, 6), (9, 6))
     for backend in ("xla", "pallas-interpret"):
         jask.config.update("backend", backend)
         with jask.profile() as p:
             jask.sum(jask.square(a - b))
-        assert (p.windows, p.kernel_calls) == (1, calls_per_window(backend, RAGGED_SHAPES)), backend
+        assert (p.windows, p.kernel_calls, p.window_programs) == (1, 1, RAGGED_SHAPES), backend
 
 
 def test_producer_used_twice_in_one_entry_is_computed_and_read_once(small_tiles):

@@ -1,4 +1,4 @@
-"""One window, one program on the xla backend (jask/exec/joined_window.py), one program per window shape.
+"""One window, one program (jask/exec/joined_window.py), one program per window shape.
 
 A window of several programs (ragged edge tiles, a shared producer, a reduction's partials carried
 between windows, low-precision values passed from one program to the next) runs as one call, and
@@ -91,15 +91,47 @@ def test_a_window_of_more_programs_than_the_cap_runs_in_several_calls(small_tile
     np.testing.assert_allclose(out, (A - B) ** 2 + A, rtol=1e-6)
 
 
-@pytest.mark.parametrize("backend", ["pallas-interpret"])
-def test_pallas_windows_stay_one_call_per_program_shape(small_tiles, backend):
-    """Pallas windows are not joined: one ``pallas_call`` per tile shape."""
-    jask.config.update("backend", backend)
+def test_a_pallas_window_is_one_call_of_one_kernel_per_program(small_tiles, monkeypatch):
+    """On Pallas the four tile shapes' kernels are joined too: one call per window, four programs in it,
+    each a ``pallas_call`` (none on the xla fallback), values as when called one by one and as NumPy's."""
+    jask.config.update("backend", "pallas-interpret")
     (A, B), (a, b) = _data((9, 6), (9, 6))
+
+    def run():
+        return [np.asarray(v) for v in jask.persist(jask.square(a - b) + a, jask.sum(a * b, axis=0))]
+
     with jask.profile() as p:
-        out = np.asarray(jask.persist(jask.square(a - b) + a))
-    assert (p.windows, p.kernel_calls) == (1, 4)
-    np.testing.assert_allclose(out, (A - B) ** 2 + A, rtol=1e-6)
+        joined = run()
+    alone, q = _one_by_one(monkeypatch, run)
+    assert (p.windows, p.kernel_calls, p.window_programs, p.xla_fallback_calls) == (2, 2, 8, 0), p   # a pass each
+    assert q.kernel_calls == q.window_programs == 8
+    np.testing.assert_allclose(joined[0], (A - B) ** 2 + A, rtol=1e-6)
+    np.testing.assert_allclose(joined[1], (A * B).sum(0), rtol=1e-5, atol=1e-6)
+    for j, s in zip(joined, alone):
+        np.testing.assert_allclose(j, s, rtol=1e-6, atol=1e-6)
+
+
+def test_a_joined_pallas_window_the_compiler_refuses_runs_its_calls_one_by_one(small_tiles, monkeypatch):
+    """Compiled (not interpret) Pallas kernels on this CPU fail at their first call, as a kernel Mosaic
+    refuses does on a TPU: the joined program is refused with a warning, its calls run one by one (each
+    refused in turn, run by xla), and the next window joins the xla programs into one call again."""
+    from jask.kernels.registry import get_backend
+    jask.config.update("backend", "pallas-interpret")
+    backend = get_backend("pallas-interpret")
+    monkeypatch.setattr(backend, "interpret", False)
+    monkeypatch.setattr(backend, "target", lambda: "tpu")
+    monkeypatch.setattr(backend, "platform", lambda: "tpu")
+    monkeypatch.setattr(run_windows, "kernels_cache", run_windows.Kernels())
+    (A, B), (a, b) = _data((9, 6), (9, 6))
+    with pytest.warns(RuntimeWarning, match="could not compile a joined window program"):
+        with jask.profile() as p:
+            first = np.asarray(jask.persist(jask.square(a - b) + a))
+    with jask.profile() as q:
+        again = np.asarray(jask.persist(jask.square(a - b) + a))
+    assert (p.kernel_calls, p.xla_fallback_calls) == (4, 4), p
+    assert (q.windows, q.kernel_calls, q.window_programs, q.xla_fallback_calls) == (1, 1, 4, 4), q
+    for got in (first, again):
+        np.testing.assert_allclose(got, (A - B) ** 2 + A, rtol=1e-6)
 
 
 def _xla_programs():

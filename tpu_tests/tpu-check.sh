@@ -13,6 +13,8 @@
 # split (tpu_tests/split_probe.py: 1, 2, 4 independent processes summing shares of 2 GiB, no TCP needed).
 # Also: compile (tpu_tests/compile_probe.py: the first calls of jit(grad) of the grad workload at 1 GiB, what JAX
 # spends tracing, lowering and compiling, backends auto and xla, COMPILE_CAP 150 s each).
+# Also: stack (tpu_tests/stack_probe.py: joined windows with tiles stacked on the chip against the earlier per-program
+# calls with host-stacked tiles, sum and jit(value_and_grad) at 1 GiB, alternated, STACK_CAP 200 s).
 # Also: matmul (tpu_tests/matmul_probe.py 8192: the TPU matmul inner blocks against jnp) and hwslice (tests HW_FROM
 # to HW_TO, 1-based, of `pytest tpu_tests --co` order, HW_CAP seconds: on 2026-12-06 tests 1-265 of that order ran
 # after the scalar-prefetch change, so HW_FROM=266 HW_TO=325 runs the 60 OPS-table rows left). To run your own commands after `env`, append to PYTHONPATH
@@ -87,6 +89,10 @@ fi
 if want compile; then
   el compile; { for b in auto xla; do echo "### backend=$b"; JASK_BACKEND=$b timeout ${COMPILE_CAP:-150} python3 tpu_tests/compile_probe.py $SCR/cd 1 2>&1 \
     | grep -vE "^(I|W)[0-9]{4}|^WARNING:jax|warnings.warn|hugepages"; echo "rc=$?"; done; } > "$OUT/compile.log" 2>&1
+fi
+if want stack; then
+  el stack; timeout ${STACK_CAP:-200} python3 tpu_tests/stack_probe.py $SCR/cd 1 3 2>&1 \
+    | grep -vE "^(I|W)[0-9]{4}|^WARNING:jax|warnings.warn|hugepages" > "$OUT/stack.log"; echo "rc=${PIPESTATUS[0]}" >> "$OUT/stack.log"
 fi
 if want tests1; then
   el tests1; timeout ${TESTS1_CAP:-420} python3 -m pytest ${TESTS1_FILES:-tests} -q -o addopts="" -p no:cacheprovider -rfE --durations=15 -m "not slow" \

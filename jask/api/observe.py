@@ -130,9 +130,11 @@ class Profile(events.Stats):
         if moved:
             parts[-1] += f" ({fmt_bytes(moved / wall)}/s)"
         devices = ", ".join(sorted(str(d) for d in self.devices)) or "none"
-        fallback = f" ({self.xla_fallback_calls} run by xla)" if self.xla_fallback_calls else ""
+        fallback = f", {self.xla_fallback_calls} run by xla" if self.xla_fallback_calls else ""
+        programs = (f" ({_plural(self.window_programs, 'program')}{fallback})"
+                    if self.window_programs != self.kernel_calls or fallback else "")
         lines = [", ".join(parts),
-                 f"{_plural(self.windows, 'window')}, {_plural(self.kernel_calls, 'kernel call')}{fallback} "
+                 f"{_plural(self.windows, 'window')}, {_plural(self.kernel_calls, 'kernel call')}{programs} "
                  f"on {devices}",
                  *self.device_lines(),
                  f"I/O {self.io_seconds:.3g} s (waited {self.io_wait_seconds:.3g} s, "

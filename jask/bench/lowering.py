@@ -4,7 +4,7 @@
 
 For each op of the ``OPS`` table in ``tests/test_ops.py`` (built from its
 class's ``from_inputs``), a few fused chains (:class:`FusedTileOp`) and window
-shapes (direct elementwise, ``dot`` with K > 1, ``sum`` with many entries), at
+shapes (direct elementwise, ``dot`` with K > 1, ``sum`` with many entries, a joined window), at
 tile edges 4..1024 and one ragged edge, in float32 and bfloat16, the Pallas
 window program is exported with ``jax.export.export(jax.jit(f), platforms=[p])``.
 One line per kernel: ``ok``, ``refused`` (the backend raised WindowNotLegal up
@@ -120,6 +120,36 @@ def _fused_case(name, steps, root, n_leaves, blocks, out_block, k, edge, dtype):
     return _window_case(name, op, blocks, [dtype] * n_leaves, out_block, k, edge, dtype)
 
 
+def _joined_case(edge, dtype):
+    """A joined window (``jask.exec.joined_window``) as the executor builds it on Pallas: two ``dot`` output
+    tiles (K = 3) from separate tiles stacked in the program, then the sum of both, folded into a carried
+    partial that may be a placeholder (``stacked_tiles_program`` with ``carried`` and ``maybe``)."""
+    from jask.kernels.window import stacked_tiles_program
+    from jask.linalg.dot import Dot
+    from jask.linalg.sum import Sum
+    t, k, dt = (edge, edge), 3, np.dtype(dtype)
+    dot_spec = WindowSpec((t, t), (dt, dt), (2 * k, 2 * k), 2, k, t)
+    dot_table = np.arange(2 * k, dtype=np.int32).reshape(2, k, 1).repeat(2, axis=2)
+    sum_spec = WindowSpec((t,), (dt,), (2,), 1, 2, ())
+    sum_table = np.arange(2, dtype=np.int32).reshape(1, 2, 1)
+
+    def build(target):
+        products = stacked_tiles_program(window_program(Dot(), dot_spec, target, interpret=False), Dot(), dot_spec,
+                                         dot_table, np.ones((2, k), bool))
+        sums = stacked_tiles_program(window_program(Sum(axes=(0, 1)), sum_spec, target, interpret=False),
+                                     Sum(axes=(0, 1)), sum_spec, sum_table, np.ones((1, 2), bool), (0,), (0,))
+
+        def window(*flat):
+            tiles, acc, present = flat[:4 * k], flat[4 * k], flat[4 * k + 1]
+            return sums(*[p.astype(dt) for p in products(*tiles)], acc, present)
+
+        structs = [jax.ShapeDtypeStruct(t, dt)] * (4 * k) + [jax.ShapeDtypeStruct((), np.float32),
+                                                             jax.ShapeDtypeStruct((1,), np.bool_)]
+        return window, structs
+
+    return Case("joined_dot_then_sum", edge, dtype, f"dot tiles {t} K={k} -> sum, carried partial", build)
+
+
 def _shape_cases(edge, dtype):
     """jask.numpy shape ops: a strided row gather (slices, concatenate) and a regrouping reshape."""
     from jask.ops.indexing import Strided
@@ -222,6 +252,7 @@ def cases(edges, dtypes):
                              n_tiles=4),
                 _window_case("window_add_gathered", Add(), [(e, e), (e, e)], [dtype] * 2, (e, e), 1, e,
                              dtype, n_tiles=4, direct=False),
+                _joined_case(e, dtype),
             ]
             t, dt = (e, e), np.dtype(dtype)
             out += [

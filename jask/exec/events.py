@@ -15,7 +15,8 @@ class Stats:
 
     tiles: int = 0
     windows: int = 0
-    kernel_calls: int = 0
+    kernel_calls: int = 0              # dispatches: one per window (jask.exec.joined_window)
+    window_programs: int = 0           # the programs those calls ran (a joined window's members each count)
     xla_fallback_calls: int = 0        # window programs a Pallas backend could not run here, run by xla
     bytes_read: int = 0
     bytes_written: int = 0

@@ -1,4 +1,4 @@
-"""All kernel calls of one window as ONE compiled program, on the ``xla`` backend.
+"""All kernel calls of one window as ONE compiled program.
 
 A window holds several calls when it computes several nodes: a fused producer used by
 more than one consumer, ragged edge tiles (a program shape each), the members of a
@@ -10,19 +10,23 @@ inside it (``X @ W1`` of the two-layer MSE) never leaves the program, the same t
 read by several calls is one argument, and a window is one call, as the executor's
 invariant asks.
 
+Every member takes its tiles as separate arguments. On ``xla`` a member is
+:func:`jask.kernels.xla.window_tiles_program`; on a Pallas backend it is the member's
+``pallas_call`` with its tiles stacked inside the program
+(:func:`jask.kernels.window.stacked_tiles_program`), or the xla program where the
+platform cannot run that kernel (the ``xla`` fallback). So on a TPU a one-pass group's
+window is one program holding one kernel per member.
+
 At most :data:`MAX_JOINED_CALLS` calls are joined into one program (a window of more runs
 several), so a program's size stays bounded as each call's is (``MAX_WINDOW_ENTRIES``).
-
-Only the ``xla`` backend's per-tile programs (:func:`jask.kernels.xla.window_tiles_program`)
-are joined: a Pallas window is one ``pallas_call`` per program shape, and its stacks
-are built per call.
 """
 from __future__ import annotations
+
+import warnings
 
 import jax
 import numpy as np
 
-from jask.kernels import xla
 from jask.exec.devices import calling_on
 from jask.exec.program_cache import Charged
 
@@ -80,9 +84,9 @@ def _plan(runner, calls, values, operand):
     return recipe
 
 
-def _compile(calls, recipe, identity_op):
-    bodies = [xla.window_tiles_program(identity_op(call.program), call.spec, call.table, call.valid, carried, maybe)
-              for call, (carried, maybe, _) in zip(calls, recipe.calls)]
+def _compile(calls, recipe, bodies):
+    """The joined program: each call's body (``bodies[c](carried, maybe)``) fed as the recipe says."""
+    bodies = [body(carried, maybe) for body, (carried, maybe, _) in zip(bodies, recipe.calls)]
     wiring, at = [], 0
     for _, maybe, args in recipe.calls:
         wiring.append((args, at, at + len(maybe)))
@@ -106,24 +110,43 @@ def _compile(calls, recipe, identity_op):
     return jax.jit(program)
 
 
-def run_joined(runner, calls, values, cache, operand, identity_op):
+def run_joined(runner, calls, values, kernels, operand):
     """Run ``calls`` (one window's, in dependency order) as one program; store their tiles as ``_call`` does.
 
-    Returns the list of each call's results.
+    Returns the list of each call's results, or None where a Pallas platform's compiler refused the
+    joined program at its first call (the caller then runs the calls one by one, which finds the
+    member it refuses; see ``Kernels.run_stacked``).
     """
+    backend, cache = runner.backend, kernels.programs
+    hows = tuple(kernels.how(backend, call) for call in calls)
     recipe = _plan(runner, calls, values, operand)
-    key = ("xla-joined", tuple((call.program.key(), call.spec, call.table.tobytes(), call.valid.tobytes())
-                               for call in calls), recipe.structure())
-    program = cache.get(key)
-    if program is None:
-        program = Charged(_compile(calls, recipe, identity_op), cache, key)
-        cache.put(key, program)
+    key = ("joined", backend.name, hows,
+           tuple((call.program.key(), call.spec, call.table.tobytes(), call.valid.tobytes()) for call in calls),
+           recipe.structure())
+    entry = cache.get(key)
+    if entry is None:
+        bodies = [kernels.body(backend, call, how) for call, how in zip(calls, hows)]
+        entry = (Charged(_compile(calls, recipe, bodies), cache, key), "joined")
+        cache.put(key, entry)
+    if entry[1] == "refused":
+        return None
     flags = [np.array(recipe.present, np.bool_)] if recipe.present else []
-    with calling_on(runner.device):
-        outs = program(*recipe.outside, *flags)
+    try:
+        with calling_on(runner.device):
+            outs = entry[0](*recipe.outside, *flags)
+    except Exception as err:   # noqa: BLE001 -- a platform compiler's refusal, as in Kernels.run_stacked
+        if backend.interpret or "stacked" not in hows or key in kernels.proven:
+            raise
+        cache.put(key, (None, "refused"), 0)
+        warnings.warn(f"jask: the {backend.name} backend could not compile a joined window program "
+                      f"({type(err).__name__}: {(str(err).splitlines() or [''])[0][:200]}); its calls run one "
+                      "by one", RuntimeWarning, stacklevel=3)
+        return None
+    kernels.proven.add(key)
     for call, out in zip(calls, outs):
         store = runner.acc if id(call.node) in runner.stage_ids else values
         for i, t in enumerate(call.tiles):
             store[("tile", id(call.node), t)] = out[i]
-    runner.count(kernel_calls=1, devices=frozenset(outs[0][0].devices()))
+    runner.count(kernel_calls=1, window_programs=len(calls), xla_fallback_calls=hows.count("fallback"),
+                 devices=frozenset(outs[0][0].devices()))
     return outs

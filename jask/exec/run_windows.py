@@ -19,13 +19,17 @@ import numpy as np
 from jask.plan.fusion import FusedTileOp, _is_plain, _Same
 from jask.kernels import xla
 from jask.kernels.legality import WindowNotLegal
-from jask.kernels.window import widen_dtype
+from jask.kernels.window import stacked_tiles_program, widen_dtype
 from jask.exec.devices import calling_on
 from jask.exec.joined_window import MAX_JOINED_CALLS, run_joined
 from jask.exec.program_cache import Charged, ProgramCache
 
 
 STRUCT_BYTES = 1024   # what the program cache charges for a remembered partial tile's shape
+# A Pallas window of one program also runs as a joined window (jask.exec.joined_window): its tiles go
+# to the device one by one and are stacked there, instead of stacked on the host first (a host copy of
+# every tile) and sent as one array.
+STACK_ON_DEVICE = True
 
 
 def _identity_op(program):
@@ -38,7 +42,7 @@ class Kernels:
     def __init__(self):
         self._programs = ProgramCache()   # bounded in bytes (jask.exec.program_cache); fold functions and
         # joined windows (jask.exec.joined_window) count against the same bound
-        self._proven: set = set()   # stacked programs whose first call compiled and ran
+        self.proven: set = set()   # stacked and joined programs whose first call compiled and ran
 
     @property
     def programs(self) -> ProgramCache:
@@ -70,6 +74,39 @@ class Kernels:
             self._remember(key, entry)
         return entry
 
+    def how(self, backend, call) -> str:
+        """How ``call`` runs inside a joined window: ``"tiles"`` (xla), ``"stacked"`` (the Pallas kernel), or
+        ``"fallback"`` (xla, where the platform cannot run the kernel: planned so, or refused at a call)."""
+        if backend.separate_tiles:
+            return "tiles"
+        entry = self._programs.get(self._stacked_key(backend, call))
+        if entry is not None and entry[1] == "refused":
+            return "fallback"
+        return "stacked" if self._joinable(backend, call) is not None else "fallback"
+
+    def body(self, backend, call, how):
+        """``make(carried, maybe)``: ``call``'s program over separate tiles, run as ``how`` says (:meth:`how`)."""
+        op = _identity_op(call.program)
+        if how == "stacked":
+            run = self._joinable(backend, call)
+            return lambda carried, maybe: stacked_tiles_program(run, op, call.spec, call.table, call.valid,
+                                                                carried, maybe)
+        return lambda carried, maybe: xla.window_tiles_program(op, call.spec, call.table, call.valid, carried, maybe)
+
+    def _joinable(self, backend, call):
+        """The backend's window program of ``call`` to trace into a joined program, or None where the
+        platform cannot run it (:class:`WindowNotLegal`). Kept apart from the programs called on their own:
+        it is never compiled by itself, so it holds no executable."""
+        key = ("joinable", *self._stacked_key(backend, call))
+        entry = self._programs.get(key)
+        if entry is None:
+            try:
+                entry = (backend.compile_window(_identity_op(call.program), call.spec),)
+            except WindowNotLegal:
+                entry = (None,)
+            self._programs.put(key, entry, STRUCT_BYTES)
+        return entry[0]
+
     def run_stacked(self, backend, call, program, args):
         """``program(*args)``, or None after refusing the program where its first call fails to compile.
 
@@ -82,7 +119,7 @@ class Kernels:
         see kernel bugs), are real failures and propagate.
         """
         key = self._stacked_key(backend, call)
-        if key in self._proven or backend.interpret:
+        if key in self.proven or backend.interpret:
             return program(*args)
         try:
             out = program(*args)
@@ -93,7 +130,7 @@ class Kernels:
                           f"({type(err).__name__}: {(str(err).splitlines() or [''])[0][:200]}); this program shape runs "
                           "on the xla backend instead", RuntimeWarning, stacklevel=2)
             return None
-        self._proven.add(key)
+        self.proven.add(key)
         return out
 
     @staticmethod
@@ -181,11 +218,13 @@ class WindowRunner:
         for key, (kind, node, shape) in window.constants.items():
             values[key] = np.asarray(node.value) if kind == "scalar" else np.zeros(shape, node.dtype)
         self.finishing = {("tile", id(node), idx) for node, idx in window.done}
-        if len(window.calls) > 1 and self.backend.separate_tiles:   # xla: the window is one program
+        if len(window.calls) > 1 or (STACK_ON_DEVICE and not self.backend.separate_tiles):
+            # the window is one program (jask.exec.joined_window)
             outputs = []
             for at in range(0, len(window.calls), MAX_JOINED_CALLS):
-                outputs += run_joined(self, window.calls[at:at + MAX_JOINED_CALLS], values, kernels_cache.programs,
-                                      _operand, _identity_op)
+                calls = window.calls[at:at + MAX_JOINED_CALLS]
+                outs = run_joined(self, calls, values, kernels_cache, _operand)
+                outputs += outs if outs is not None else [self._call(call, values) for call in calls]
         else:
             outputs = [self._call(call, values) for call in window.calls]
         # JAX dispatches asynchronously and each call holds its input tiles until it has run: without a
@@ -227,7 +266,8 @@ class WindowRunner:
             with calling_on(self.device):   # host tiles go where the call runs
                 out = program(*args)
             devices = out[0].devices()
-        self.count(kernel_calls=1, xla_fallback_calls=int(how == "fallback"), devices=frozenset(devices))
+        self.count(kernel_calls=1, window_programs=1, xla_fallback_calls=int(how == "fallback"),
+                   devices=frozenset(devices))
         combine = kernels_cache.combine(call.program.root_op)
         # Partials stay in the accumulator dtype; a consumer's stack casts them to the node's dtype.
         for i, key in enumerate(keys):

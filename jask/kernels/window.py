@@ -82,3 +82,31 @@ def contraction_precision(dtypes) -> str:
     if floats and all(d.itemsize < 4 for d in floats):
         return "default"
     return settings().precision
+
+
+def fold_partial(op, acc, part, present=None):
+    """``op.combine(acc, part)`` in ``acc``'s dtype; where ``present`` is False (``acc`` a placeholder for a
+    partial not computed yet), ``part`` alone."""
+    import jax.numpy as jnp
+    folded = jnp.asarray(op.combine(acc, part)).astype(acc.dtype)
+    return folded if present is None else jnp.where(present, folded, part.astype(acc.dtype))
+
+
+def stacked_tiles_program(run, op, spec, table, valid, carried=(), maybe=()):
+    """A stacked window program ``run(stacks, table, valid)`` (a Pallas kernel) as a program over separate
+    tiles, with the argument layout of :func:`jask.kernels.xla.window_tiles_program`: each leaf
+    position's tiles, then the ``carried`` accumulators, then the ``maybe`` flags. The tiles are stacked
+    inside the program (on a device, a copy in its memory instead of one on the host) and the table
+    and valid mask are constants. Returns one result per output tile, carried partials folded in."""
+    import jax.numpy as jnp
+    bounds = np.cumsum([0] + list(spec.stack_rows))
+
+    def program(*flat):
+        stacks = [jnp.stack(flat[bounds[j]:bounds[j + 1]]) for j in range(len(spec.stack_rows))]
+        out = run(stacks, jnp.asarray(table), jnp.asarray(valid))
+        incoming = dict(zip(carried, flat[bounds[-1]:bounds[-1] + len(carried)]))
+        present = dict(zip(maybe, flat[-1])) if maybe else {}
+        return [out[i] if i not in incoming else fold_partial(op, incoming[i], out[i], present.get(i))
+                for i in range(spec.n_tiles)]
+
+    return program

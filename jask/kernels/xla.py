@@ -7,7 +7,7 @@ import numpy as np
 
 from jask.kernels.panels import multiply_panels, panel_plan
 from jask.kernels.registry import ANY_PLATFORM, register
-from jask.kernels.window import contraction_precision, widen_dtype
+from jask.kernels.window import contraction_precision, fold_partial, widen_dtype
 
 
 def _widen(x):
@@ -97,10 +97,6 @@ def window_tiles_program(op, spec, table, valid, carried=(), maybe=()):
 
     panels = panel_plan(op, spec, table, valid)
 
-    def fold(acc, part, present=None):
-        folded = jnp.asarray(op.combine(acc, part)).astype(acc.dtype)
-        return folded if present is None else jnp.where(present, folded, part.astype(acc.dtype))
-
     def program(*flat):
         rows = [flat[bounds[j]:bounds[j + 1]] for j in range(len(spec.stack_rows))]
         incoming = dict(zip(carried, flat[bounds[-1]:bounds[-1] + len(carried)]))
@@ -108,14 +104,14 @@ def window_tiles_program(op, spec, table, valid, carried=(), maybe=()):
         with jax.default_matmul_precision(prec):
             if panels is not None:
                 outs = multiply_panels(panels, rows[0], rows[1], spec.out_block)
-                return [out if i not in incoming else fold(incoming[i], out, present.get(i))
+                return [out if i not in incoming else fold_partial(op, incoming[i], out, present.get(i))
                         for i, out in enumerate(outs)]
             outs = []
             for i, entries in enumerate(plan):
                 acc = incoming.get(i)
                 for n, e in enumerate(entries):
                     part = _widen(op.forward_block(*[rows[j][r] for j, r in enumerate(e)]))
-                    acc = part if acc is None else fold(acc, part, present.get(i) if n == 0 else None)
+                    acc = part if acc is None else fold_partial(op, acc, part, present.get(i) if n == 0 else None)
                 outs.append(acc)
         return outs
 
