@@ -138,6 +138,16 @@ WORKER = textwrap.dedent("""
         loss, g = jax.jit(jax.value_and_grad(lambda w: jask.sum(jask.square(X @ w - T))))(w)
         g = np.asarray(g)
     out["loss"], out["grad"], out["grad_read"] = float(loss), g.tolist(), p.bytes_read
+    # a small weight: its gradient is computed in the loss's pass, shared between the processes
+    w1, y1 = jask.from_numpy(np.full((24, 1), 0.1, np.float32)), jask.from_numpy(np.asarray(T)[:, :1].copy())
+    from jask.io import faults
+    seen = faults.Recorder()
+    with faults.armed(seen):
+        loss, g = jax.jit(jax.value_and_grad(lambda w: jask.sum(jask.square(X @ w - y1))))(w1)
+        g = np.asarray(g)
+    x_tiles = sum(1 for point, path in seen.points if point == "before_tile_read"
+                  and os.path.realpath(path or "") == os.path.realpath(os.path.join(root, "X.zarr")))
+    out["small_loss"], out["small_grad"], out["small_x_tiles"] = float(loss), g.tolist(), x_tiles
     # a custom op (and its gradient, a custom op too) has no index map: it runs whole in every process
     from jask.base import CustomOp
     from jask.base.base_algo import make_op
@@ -272,6 +282,15 @@ def check(data, outs, n, tmp_path, devices=1):
     got = [o["grad_read"] for o in outs]
     assert p.bytes_read < sum(got) <= p.bytes_read + (shares - 1) * boundary, (got, p.bytes_read)
     assert max(got) < p.bytes_read, (got, p.bytes_read)
+    # a weight small next to X: its gradient comes from the loss's pass, whose entries the processes share;
+    # each tile of X is read once, by one process
+    w1, y1 = np.full((24, 1), 0.1, np.float32), T[:, :1]
+    want_loss, want_g1 = np.sum(np.square(X @ w1 - y1), dtype=np.float64), 2 * X.T @ (X @ w1 - y1)
+    got = [o["small_x_tiles"] for o in outs]
+    assert sum(got) == (32 // TILE) * (24 // TILE) and max(got) < sum(got), got
+    for o in outs:
+        np.testing.assert_allclose(o["small_loss"], want_loss, rtol=1e-5)
+        np.testing.assert_allclose(np.array(o["small_grad"]), want_g1, rtol=1e-4, atol=1e-4)
     one_ew, one_w = np.asarray((x - y) * 3.0 + x), np.asarray(w_ * 2.0 + 1.0)
     out = zarr.open_array(str(tmp_path / "out.zarr"), mode="r")[:]
     np.testing.assert_array_equal(out, one_ew)

@@ -105,7 +105,7 @@ def run_sharing_pass(root, extras):
     Returns the root's value and ``{id(extra): NumPy array}`` of those computed. Optional deferred
     stores (residuals a shared pass makes unneeded) are dropped from a shared run.
     """
-    kept = list(extras) if multihost.processes()[1] == 1 else []
+    kept = list(extras)
     while kept:
         try:
             p = make_plan([root, *kept])
@@ -174,7 +174,7 @@ def _run(p: Plan, roots, make_sinks, devices=None):
         node = group[0]
         i = root_ids.get(id(node))
         if p.one_pass(group):
-            _one_pass(p, ex, group, root_ids, results, make_sinks)
+            _one_pass(p, ex, group, root_ids, results, make_sinks, many)
             continue
         if node.shape == () and i is not None:
             try:
@@ -209,19 +209,33 @@ def _run(p: Plan, roots, make_sinks, devices=None):
 
 
 def _groups(p: Plan, many: bool) -> list:
-    """The plan's groups; in a multi-process run a one-pass group's members run one by one (each
-    process folds a member's partial as for a lone reduction)."""
+    """The plan's groups; in a multi-process run a one-pass group whose outputs are too big to gather
+    (:func:`multihost.gatherable`) runs member by member (each process folds a member's partial as
+    for a lone reduction)."""
     if not many:
         return p.groups
-    return [part for g in p.groups for part in ([[n] for n in g] if p.one_pass(g) else [g])]
+    return [part for g in p.groups
+            for part in ([[n] for n in g] if p.one_pass(g) and not multihost.gatherable(g) else [g])]
 
 
-def _one_pass(p: Plan, ex: Executor, group, root_ids, results, make_sinks) -> None:
-    """Reductions to one tile each, computed in one pass: scalar roots to ``results``, the rest to sinks."""
+def _one_pass(p: Plan, ex: Executor, group, root_ids, results, make_sinks, many: bool) -> None:
+    """Reductions to a few tiles each, computed in one pass: scalar roots to ``results``, the rest to sinks.
+
+    In a multi-process run each process computes its share of the pass's entries for every member;
+    each member's partials are then gathered and folded in process order (every process gets the
+    same values, and only process 0 writes a user path)."""
     sinks = {id(n): (make_sinks(n, p.tile) if id(n) in root_ids and make_sinks is not None
                      else ScratchSink(n, p.tile)) for n in group if n.shape != () or id(n) not in root_ids}
+    if many:
+        sinks = {k: multihost.unshared(s) for k, s in sinks.items()}
     try:
-        for node, idx, tile in ex.run_windows(group, [()]):
+        if many:
+            mine = list(ex.run_windows(group, [()], multihost.processes(), cast=False))
+            tiles = itertools.chain.from_iterable(
+                multihost.gather_tiles(p, node, p.tile, [t for t in mine if t[0] is node]) for node in group)
+        else:
+            tiles = ex.run_windows(group, [()])
+        for node, idx, tile in tiles:
             if id(node) in sinks:
                 sinks[id(node)].write(region(idx, node.shape, p.tile), np.asarray(tile))
             else:

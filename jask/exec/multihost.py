@@ -142,12 +142,16 @@ def wrap_sinks(plan, group, sinks, tile):
                        for s in sinks]
             return wrapped, ((index, count) if mine is None else (0, 1)), None, mine
     wrapped = [unshared(s) for s in sinks]
-    # gather_tiles holds the output and every process's copy of it (process_allgather)
-    size = sum(int(np.prod(n.shape)) * widen_dtype(n.dtype).itemsize for n in group)
-    small = count * size <= config.memory_budget // 8
-    if small and len(group) == 1:
+    if gatherable(group) and len(group) == 1:
         return wrapped, (index, count), lambda tiles: gather_tiles(plan, group[0], tile, tiles), None
     return wrapped, (0, 1), None, None
+
+
+def gatherable(group) -> bool:
+    """Whether every process may hold the outputs of ``group`` and each other process's copy of them
+    (what :func:`gather_tiles` holds, by process_allgather): at most an eighth of the budget."""
+    size = sum(int(np.prod(n.shape)) * widen_dtype(n.dtype).itemsize for n in group)
+    return processes()[1] * size <= config.memory_budget // 8
 
 
 def unshared(sink):

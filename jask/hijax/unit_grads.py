@@ -17,8 +17,9 @@ cotangent of that walk, and :func:`known_contribution` answers a small input's
 contribution as ``g`` times the stored one, with no pass. The walk goes through
 an intermediate only where it has a single use (a cotangent summed from several
 uses is a new node, never tagged), so anything else gets the ordinary lazy
-gradient: a big input's gradient, a sum of uses, a custom op, a run shared
-between processes.
+gradient: a big input's gradient, a sum of uses, a custom op. In a
+``jax.distributed`` run the processes share the loss's pass (each its share of
+the entries, every member's partials gathered and folded alike everywhere).
 """
 from __future__ import annotations
 
