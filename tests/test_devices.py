@@ -76,6 +76,25 @@ def test_default_device_is_the_default_backends_first(small_tiles):
     assert p.devices == {jax.devices()[0]}
 
 
+def test_passes_spread_over_every_accelerator_by_default_and_one_cpu_device(monkeypatch):
+    """The default ``devices`` (None): every local device of an accelerator platform (the compute device
+    first), one device on the CPU (forced host devices share its cores), one where ``device`` names it.
+    The platform is simulated: this machine has one CPU device."""
+    from types import SimpleNamespace
+    from jask.exec import devices
+    chips = [SimpleNamespace(platform="tpu", id=i) for i in range(4)]
+    monkeypatch.setattr(jax, "local_devices", lambda backend=None: chips)
+    assert devices.compute_devices() == chips
+    monkeypatch.setattr(jask.config.config, "device", chips[2])
+    assert devices.compute_devices() == [chips[2]]
+    monkeypatch.setattr(jask.config.config, "device", None)
+    cpus = [SimpleNamespace(platform="cpu", id=i) for i in range(4)]
+    monkeypatch.setattr(jax, "local_devices", lambda backend=None: cpus)
+    assert devices.compute_devices() == [cpus[0]]
+    monkeypatch.setattr(jask.config.config, "devices", "all")
+    assert devices.compute_devices() == cpus
+
+
 def test_device_setting_checks_its_value():
     with pytest.raises(TypeError, match="jax.Device"):
         jask.config.update("device", "gpu:0")
@@ -104,6 +123,8 @@ def test_callback_that_cannot_reach_the_device_computes_on_the_host(small_tiles,
 
     fake = FakeAccelerator()
     monkeypatch.setattr(devices, "compute_device", lambda: fake)
+    monkeypatch.setattr(devices, "compute_devices", lambda: [fake])   # this one accelerator
+    monkeypatch.setattr(executor, "compute_devices", lambda: [fake])
     monkeypatch.setattr(executor, "callback_can_use", lambda d: d is not fake)
     monkeypatch.setattr(devices, "_warned", set())
     A = np.arange(64, dtype=np.float32).reshape(8, 8)
