@@ -133,3 +133,17 @@ def test_a_slow_warm_up_leaves_the_timed_runs_their_time_cap(tmp_path, monkeypat
     task = harness.Task("slow", "tiny", {}, "slow", {}, str(tmp_path), cache="warm", repeat=4, time_cap=0.2)
     result = harness.measure(task)
     assert result["first_s"] >= 0.3 and len(result["times"]) == 4, result
+
+
+def test_warming_the_cache_skips_a_file_another_process_deleted(tmp_path, monkeypatch):
+    """A multi-process run's work folder holds the other processes' scratch, deleted as they free it:
+    warming skips a file gone between listing and opening; the raw-read peer still fails on one."""
+    from jask.bench import data
+    kept = tmp_path / "kept.bin"
+    kept.write_bytes(b"x" * 1000)
+    gone = str(tmp_path / "gone.bin")
+    monkeypatch.setattr(data, "_files_under", lambda paths: [gone, str(kept)])
+    data.warm_cache([str(tmp_path)])
+    assert data.raw_read([str(kept)]) == 1000
+    with pytest.raises(FileNotFoundError):
+        data.raw_read([gone, str(kept)])

@@ -91,16 +91,25 @@ def drop_cache(paths) -> None:
 
 
 def warm_cache(paths) -> None:
-    """Read every file under ``paths`` once, so the timed run finds them in the page cache."""
-    raw_read(list(_files_under(paths)))
+    """Read every file under ``paths`` once, so the timed run finds them in the page cache.
+
+    A file gone by the time it is opened is skipped: in a run of several processes the work folder
+    holds the others' scratch stores, which they delete as their arrays are freed."""
+    raw_read(list(_files_under(paths)), missing_ok=True)
 
 
-def raw_read(files, bufsize=16 * 2**20) -> int:
+def raw_read(files, bufsize=16 * 2**20, missing_ok=False) -> int:
     """Sequential ``readinto`` of ``files`` into one reused buffer; returns the bytes read."""
     view = memoryview(bytearray(bufsize))
     total = 0
     for f in files:
-        with open(f, "rb", buffering=0) as fh:
+        try:
+            fh = open(f, "rb", buffering=0)
+        except FileNotFoundError:
+            if missing_ok:
+                continue
+            raise
+        with fh:
             while True:
                 n = fh.readinto(view)
                 if not n:
