@@ -38,14 +38,9 @@ class _Compiles(logging.Handler):
             self.seen.append((float(m.group(2)), m.group(1)))
 
 
-def main():
-    root, gib = sys.argv[1], float(sys.argv[2]) if len(sys.argv) > 2 else 1.0
-    import jax
-    import jask
-    if len(sys.argv) > 3:
-        jask.set_memory_budget(sys.argv[3])
+def grad_stores(root, gib):
+    """``({name: path}, rows)``: the grad workload's X, Y, W1 and W2 under ``root`` (written once)."""
     from jask.bench import data
-
     rows = int(gib * 2**30) // (FEATURES * 4) // TILE * TILE
     os.makedirs(root, exist_ok=True)
     paths = {}
@@ -56,6 +51,16 @@ def main():
         if not os.path.exists(path):
             data.write_store(path, shape, TILE, seed=seed, scale=scale, shift=shift)
         paths[name] = path
+    return paths, rows
+
+
+def main():
+    root, gib = sys.argv[1], float(sys.argv[2]) if len(sys.argv) > 2 else 1.0
+    import jax
+    import jask
+    if len(sys.argv) > 3:
+        jask.set_memory_budget(sys.argv[3])
+    paths, rows = grad_stores(root, gib)
     print(f"jax {jax.__version__}, devices {jax.devices()}, backend {jask.kernels.backend_name()}, "
           f"X {rows} x {FEATURES}, budget {jask.config.config.memory_budget / 2**20:.0f} MiB", flush=True)
     X, Y, W1, W2 = (jask.from_zarr(paths[k]) for k in ("X", "Y", "W1", "W2"))

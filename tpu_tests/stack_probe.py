@@ -22,22 +22,7 @@ import time
 
 import numpy as np
 
-from compile_probe import FEATURES, HIDDEN, TILE
-
-
-def _stores(root, gib):
-    from jask.bench import data
-    rows = int(gib * 2**30) // (FEATURES * 4) // TILE * TILE
-    os.makedirs(root, exist_ok=True)
-    paths = {}
-    for name, shape, seed, scale, shift in (("X", (rows, FEATURES), 21, 1.0, 0.0), ("Y", (rows, 1), 22, 4.0, 0.0),
-                                            ("W1", (FEATURES, HIDDEN), 23, 0.2, -0.1),
-                                            ("W2", (HIDDEN, 1), 24, 0.2, -0.1)):
-        path = os.path.join(root, f"{name}.zarr")
-        if not os.path.exists(path):
-            data.write_store(path, shape, TILE, seed=seed, scale=scale, shift=shift)
-        paths[name] = path
-    return paths, rows
+from compile_probe import FEATURES, grad_stores
 
 
 def _variant(name):
@@ -55,7 +40,7 @@ def main():
     import jax
     import jask
     jask.set_memory_budget(sys.argv[4] if len(sys.argv) > 4 else "2GB")
-    paths, rows = _stores(root, gib)
+    paths, rows = grad_stores(root, gib)
     for path in paths.values():     # warm page cache
         for dirpath, _, files in os.walk(path):
             for f in files:
