@@ -92,8 +92,9 @@ def test_a_window_of_more_programs_than_the_cap_runs_in_several_calls(small_tile
 
 
 def test_a_pallas_window_is_one_call_of_one_kernel_per_program(small_tiles, monkeypatch):
-    """On Pallas the four tile shapes' kernels are joined too: one call per window, four programs in it,
-    each a ``pallas_call`` (none on the xla fallback), values as when called one by one and as NumPy's."""
+    """On Pallas a window's kernels are joined too: two passes (an elementwise op, a column sum) of one
+    window each, each window one call of four programs (its tile shapes), each a ``pallas_call`` (none on
+    the xla fallback); values as when called one by one and as NumPy's."""
     jask.config.update("backend", "pallas-interpret")
     (A, B), (a, b) = _data((9, 6), (9, 6))
 
@@ -103,7 +104,7 @@ def test_a_pallas_window_is_one_call_of_one_kernel_per_program(small_tiles, monk
     with jask.profile() as p:
         joined = run()
     alone, q = _one_by_one(monkeypatch, run)
-    assert (p.windows, p.kernel_calls, p.window_programs, p.xla_fallback_calls) == (2, 2, 8, 0), p   # a pass each
+    assert (p.windows, p.kernel_calls, p.window_programs, p.xla_fallback_calls) == (2, 2, 8, 0), p
     assert q.kernel_calls == q.window_programs == 8
     np.testing.assert_allclose(joined[0], (A - B) ** 2 + A, rtol=1e-6)
     np.testing.assert_allclose(joined[1], (A * B).sum(0), rtol=1e-5, atol=1e-6)
