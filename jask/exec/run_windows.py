@@ -1,4 +1,4 @@
-"""Running a schedule's windows: one kernel call per window (its programs joined), partials folded, tiles handed out.
+"""Running a schedule's windows: one kernel call each (its programs joined), partials folded, tiles handed out.
 
 Tiles read from disk arrive from the prefetcher in the schedule's read order
 (already on the compute device where that is not the host). Every call runs on
