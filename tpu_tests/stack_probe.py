@@ -74,13 +74,13 @@ def main():
                     times[(case, v)].append(secs)
     for case in cases:
         a, j = (statistics.median(times[(case, v)]) for v in ("apart", "joined"))
-        same = all(np.allclose(x, y, rtol=1e-4, atol=1e-6)
-                   for x, y in zip(np.atleast_1d(values[(case, "apart")]) if case == "sum" else values[(case, "apart")],
-                                   np.atleast_1d(values[(case, "joined")]) if case == "sum" else values[(case, "joined")]))
+        apart, joined = (np.atleast_1d(values[(case, v)]) if case == "sum" else values[(case, v)]
+                         for v in ("apart", "joined"))
+        same = all(np.allclose(x, y, rtol=1e-4, atol=1e-6) for x, y in zip(apart, joined))
+        runs = [[round(t, 3) for t in times[(case, v)]] for v in ("apart", "joined")]
         print(f"{case:5s}: apart {a:.3f} s ({X.nbytes / a / 1e9:.2f} GB/s), joined {j:.3f} s "
               f"({X.nbytes / j / 1e9:.2f} GB/s): joined/apart time {j / a:.2f}; values agree: {same}; "
-              f"runs {[round(t, 3) for t in times[(case, 'apart')]]} / {[round(t, 3) for t in times[(case, 'joined')]]}",
-              flush=True)
+              f"runs {runs[0]} / {runs[1]}", flush=True)
 
 
 if __name__ == "__main__":
