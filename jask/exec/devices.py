@@ -37,7 +37,7 @@ def compute_devices() -> list:
     ``"all"``: every local device of the compute device's platform. Default: the same on an
     accelerator (a TPU VM's chips, a workstation's GPUs), unless ``device`` names one; on the
     CPU only :func:`compute_device`: forced host devices (``--xla_force_host_platform_device_count``)
-    share the same cores, and 2-4 of them ran at 0.95-1.28x one on a 2-core machine.
+    share the same cores, and 2-4 of them ran at 0.71-1.28x one on a 2-core machine.
     """
     if config.devices is None and (config.device is not None or compute_device().platform == "cpu"):
         return [compute_device()]
