@@ -57,7 +57,7 @@ def _plan(runner, calls, values, operand):
     """The recipe of ``calls``: each operand an outside array or an earlier call's result, cast as needed."""
     recipe = _Recipe()
     for c, call in enumerate(calls):
-        store = runner.acc if id(call.node) in runner.stage_ids else values
+        store = runner.store_of(call, values)
         args = []
         for j, row_keys in enumerate(call.rows):
             dtype = np.dtype(call.spec.leaf_dtypes[j])
@@ -144,7 +144,7 @@ def run_joined(runner, calls, values, kernels, operand):
         return None
     kernels.proven.add(key)
     for call, out in zip(calls, outs):
-        store = runner.acc if id(call.node) in runner.stage_ids else values
+        store = runner.store_of(call, values)
         for i, t in enumerate(call.tiles):
             store[("tile", id(call.node), t)] = out[i]
     runner.count(kernel_calls=1, window_programs=len(calls), xla_fallback_calls=hows.count("fallback"),

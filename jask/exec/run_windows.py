@@ -243,7 +243,7 @@ class WindowRunner:
         return finished
 
     def _call(self, call, values):
-        store = self.acc if id(call.node) in self.stage_ids else values
+        store = self.store_of(call, values)
         keys = [("tile", id(call.node), t) for t in call.tiles]
         carried, maybe, present = self.slots(call, keys, lambda key: key in store)
         program, how = kernels_cache.program(self.backend, call, carried, maybe)
@@ -274,6 +274,10 @@ class WindowRunner:
             part = out[i]
             store[key] = part if (key not in store or i in carried) else combine(store[key], part)
         return out
+
+    def store_of(self, call, values):
+        """Where ``call``'s output tiles go: the carried partials of a stage node, else this window's values."""
+        return self.acc if id(call.node) in self.stage_ids else values
 
     def slots(self, call, keys, has):
         """``(carried, maybe, present)``: the output tiles whose accumulator the call takes, those of them that

@@ -219,7 +219,7 @@ def _lockstep_groups(stages, prepared, fused_ids, tile, live, budget,
     planner may take a smaller tile for it: :func:`plan`). Returns the groups
     and whether a join was refused only for the budget.
 
-    Consecutive ``one_pass`` stages (roots reducing to one tile each, see
+    Consecutive ``one_pass`` stages (roots reducing to a few tiles each, see
     :func:`jask.plan.one_pass.pass_reductions`) with as many entries each, that read a leaf
     in common and none of each other, join one group too: the schedule then
     takes entry k of every member into the same window, so a loss and the
