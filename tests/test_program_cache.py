@@ -68,4 +68,9 @@ def test_distinct_chains_keep_the_cache_within_its_limit_and_stay_correct():
         np.testing.assert_allclose(got, float((a * np.float32(i + 2) + 1).sum()), rtol=1e-4)
         assert kernels_cache._programs.nbytes <= 12 * 2**20 or len(kernels_cache._programs) == 1
     assert kernels_cache._programs.evictions > before
-    assert kernels_cache._programs.nbytes >= program_cache.PROGRAM_BASE_BYTES * len(kernels_cache._programs)
+    # every compiled program is charged at least the base; the other entries (a Pallas backend's traced
+    # kernels, partial tiles' shapes) are small records
+    cache = kernels_cache._programs
+    programs = [key for key, value in cache._entries.items()
+                if isinstance(value, Charged) or (isinstance(value, tuple) and isinstance(value[0], Charged))]
+    assert programs and all(cache._bytes[key] >= program_cache.PROGRAM_BASE_BYTES for key in programs)

@@ -54,6 +54,28 @@ def folder_deleted(pin: "Pin | None", path: str) -> bool:
     return pin.deleted() if pin is not None else not os.path.isdir(path)
 
 
+METADATA_FILES = ("zarr.json", ".zarray")   # an array folder holds one of them (Zarr v3, v2)
+
+
+def folder_emptied(pin: "Pin | None", path: str) -> bool:
+    """:func:`folder_deleted`, or the folder has lost its Zarr metadata file.
+
+    Asked where a chunk file is missing, before calling the store damaged or sparse: some
+    filesystems keep a removed folder's link count above zero (gVisor, the TPU machine's
+    sandbox, 2026-12-06), so a store deleted under a pin would read as missing chunks, or as
+    fill values where missing chunks are allowed. A removed folder has lost its entries too.
+    """
+    if folder_deleted(pin, path):
+        return True
+    for name in METADATA_FILES:
+        try:
+            os.stat(name, dir_fd=pin.fd) if pin is not None else os.stat(os.path.join(path, name))
+            return False
+        except OSError:
+            continue
+    return True
+
+
 def _inode(st) -> tuple[int, int]:
     return st.st_dev, st.st_ino
 

@@ -40,7 +40,7 @@ import numpy as np
 from jask.io import dtypes, faults, leases, maps
 from jask.io.buffers import aligned_empty
 from jask.io.layout import MAX_UINT64, ChunkLayout, covering, describe_region
-from jask.io.pins import folder_deleted
+from jask.io.pins import folder_deleted, folder_emptied
 
 _INDEX_CACHE = 256  # shard indexes kept per reader (16 bytes per inner chunk each)
 
@@ -121,8 +121,7 @@ class TileReader:
         """
         region, out = prepare_read(region, out, self.dtype, self.path)
         if folder_deleted(self._pin, self.path):
-            raise MissingChunkError(f"the Zarr store at {self.path} was deleted while still in use",
-                                    path=self.path, region=region)
+            self._deleted(region)
         raw = dtypes.to_storage(out)
         if self.layout.mode == "zarr":
             self._read_zarr(region, raw)
@@ -168,10 +167,20 @@ class TileReader:
         return cls(f"{where} of {self.path} cannot be read or decoded: {type(err).__name__}: {err}",
                    path=self.path, region=region)
 
+    def _deleted(self, region=None):
+        raise MissingChunkError(f"the Zarr store at {self.path} was deleted while still in use",
+                                path=self.path, region=region)
+
+    def _missing(self, key):
+        """The error for a missing chunk file: the store's, where its whole folder went (``folder_emptied``)."""
+        if folder_emptied(self._pin, self.path):
+            self._deleted()
+        raise MissingChunkError(f"chunk file {key} of {self.path} is missing", path=self.path)
+
     def _require_file(self, outer_coords):
         key = self._chunk_key(outer_coords)
         if key is not None and not os.path.exists(os.path.join(self.root, key)):
-            raise MissingChunkError(f"chunk file {key} of {self.path} is missing", path=self.path)
+            self._missing(key)
 
     # ------------------------------------------------------------ direct route
 
@@ -189,15 +198,16 @@ class TileReader:
                 self._read_inner_chunk(coords, inner, dest)
 
     def _open(self, key):
+        """A descriptor of chunk or shard file ``key``, or None where it is missing and may be (a sparse store)."""
         try:
             if self._pin is not None:      # openat() on the pinned folder: no path lookup through /proc
                 return os.open(key, os.O_RDONLY, dir_fd=self._pin.fd)
             return os.open(os.path.join(self.root, key), os.O_RDONLY)
         except FileNotFoundError:
-            if self.dense:
-                raise MissingChunkError(f"chunk file {key} of {self.path} is missing",
-                                        path=self.path) from None
-            return None
+            pass
+        if self.dense or folder_emptied(self._pin, self.path):
+            self._missing(key)
+        return None
 
     def _read_chunk_file(self, coords, inner, dest):
         fd = self._open(self.layout.encode_key(coords))
