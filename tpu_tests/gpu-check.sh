@@ -17,7 +17,7 @@ T0=$(date +%s); el(){ echo "== $1 at +$(( $(date +%s) - T0 ))s" | tee -a "$OUT/e
   python3 -c "import jask; from jask import kernels; print('jask backend', kernels.backend_name())"; } >> "$OUT/env.log" 2>&1
 if [ "${1:-}" = "quick" ]; then
   el demo; { for b in xla pallas; do echo "### backend=$b"; JASK_BACKEND=$b timeout 50 python3 -m jask.demo --data_dir=$SCR/demo --steps=5; echo "rc=$?"; done; } > "$OUT/demo.log" 2>&1
-  el tpu_tests; timeout 70 python3 -m pytest tpu_tests/test_windows_hw.py -q -o addopts="" -p no:cacheprovider -rfE -s > "$OUT/tpu_tests.log" 2>&1; echo "rc=$?" >> "$OUT/tpu_tests.log"
+  el tpu_tests; timeout -s INT -k 20 70 python3 -m pytest tpu_tests/test_windows_hw.py -q -o addopts="" -p no:cacheprovider -rfE -s > "$OUT/tpu_tests.log" 2>&1; echo "rc=$?" >> "$OUT/tpu_tests.log"
   el done; exit 0
 fi
 if [ "${1:-}" = "scale" ]; then
@@ -32,10 +32,10 @@ el kernels
       timeout 60 python3 -m jask.bench.kernels --op=$1 --dtype=$2 --n=8192 --block=1024 --backend=$b --repeat=5 2>&1 | grep -E "n=8192|Error|error" | tail -3
     done
   done; } > "$OUT/kernels.log" 2>&1
-el tpu_tests; timeout 120 python3 -m pytest tpu_tests -q -o addopts="" -p no:cacheprovider -x -rfE -s -k "windows_hw or sweep" > "$OUT/tpu_tests.log" 2>&1; echo "rc=$?" >> "$OUT/tpu_tests.log"
+el tpu_tests; timeout -s INT -k 20 120 python3 -m pytest tpu_tests -q -o addopts="" -p no:cacheprovider -x -rfE -s -k "windows_hw or sweep" > "$OUT/tpu_tests.log" 2>&1; echo "rc=$?" >> "$OUT/tpu_tests.log"
 el demo; { for b in xla pallas; do echo "### backend=$b"; JASK_BACKEND=$b timeout 60 python3 -m jask.demo --data_dir=$SCR/demo; echo "rc=$?"; done
   JASK_BACKEND=xla timeout 70 python3 -m jask.demo --data_dir=$SCR/demo2 --rows=8388608 --features=128 --budget=1GB --steps=3; echo "rc=$?"; } > "$OUT/demo.log" 2>&1
 el bench; JASK_BACKEND=xla timeout 100 python3 -m jask.bench --workload=sum,grad --gib=2 --budget=2GB --repeat=2 --peers=jnp,raw-io --cache=warm --data_dir=$SCR/bd --out=$SCR/bout > "$OUT/bench.log" 2>&1; echo "rc=$?" >> "$OUT/bench.log"
 cp $SCR/bout/results.md "$OUT/bench_results.md" 2>/dev/null
-el tests; JASK_BACKEND=xla timeout 150 python3 -m pytest tests -q -o addopts="" -p no:cacheprovider -n 12 --maxfail=60 -rfE -m "not slow" > "$OUT/tests.log" 2>&1; echo "rc=$?" >> "$OUT/tests.log"
+el tests; JASK_BACKEND=xla timeout -s INT -k 20 150 python3 -m pytest tests -q -o addopts="" -p no:cacheprovider -n 12 --maxfail=60 -rfE -m "not slow" > "$OUT/tests.log" 2>&1; echo "rc=$?" >> "$OUT/tests.log"
 el done

@@ -22,6 +22,7 @@
 # Wheels (cp311, manylinux x86_64) into .whl-tpu: zarr numcodecs donfig google-crc32c pyyaml optax
 # absl-py dask partd locket toolz click cloudpickle fsspec importlib_metadata zipp.
 # One program at a time may hold the chip, so every step runs in one process, one after another.
+# pytest steps get SIGINT at their cap (then KILL 20 s later), so a capped run still prints the failures so far.
 set -u
 export PYTHONUNBUFFERED=1 TF_CPP_MIN_LOG_LEVEL=2
 ROOT="$(pwd)"
@@ -39,7 +40,7 @@ if want env; then
     python3 -c "import resource, jax; r0 = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss; jax.devices(); jax.numpy.zeros(1).block_until_ready(); print('peak RSS MiB: after import', r0 // 1024, 'after opening the device', resource.getrusage(resource.RUSAGE_SELF).ru_maxrss // 1024)"; } >> "$OUT/env.log" 2>&1
 fi
 if want hw; then
-  el hw; timeout 240 python3 -m pytest tpu_tests -q -o addopts="" -p no:cacheprovider --maxfail=20 -rfE > "$OUT/hw.log" 2>&1; echo "rc=$?" >> "$OUT/hw.log"
+  el hw; timeout -s INT -k 20 240 python3 -m pytest tpu_tests -q -o addopts="" -p no:cacheprovider --maxfail=20 -rfE > "$OUT/hw.log" 2>&1; echo "rc=$?" >> "$OUT/hw.log"
 fi
 if want kernels; then
   el kernels
@@ -74,7 +75,7 @@ fi
 if want hwslice; then
   el hwslice; python3 -m pytest tpu_tests --co -q -o addopts="" -p no:cacheprovider 2>/dev/null | grep "::" \
     | sed -n "${HW_FROM:-1},${HW_TO:-100000}p" > /tmp/hwslice.txt
-  timeout ${HW_CAP:-300} python3 -m pytest @/tmp/hwslice.txt -q -o addopts="" -p no:cacheprovider -rfE > "$OUT/hwslice.log" 2>&1
+  timeout -s INT -k 20 ${HW_CAP:-300} python3 -m pytest @/tmp/hwslice.txt -q -o addopts="" -p no:cacheprovider -rfE > "$OUT/hwslice.log" 2>&1
   echo "rc=$? ($(wc -l < /tmp/hwslice.txt) tests selected)" >> "$OUT/hwslice.log"
 fi
 if want scale; then
@@ -95,15 +96,15 @@ if want stack; then
     | grep -vE "^(I|W)[0-9]{4}|^WARNING:jax|warnings.warn|hugepages" > "$OUT/stack.log"; echo "rc=${PIPESTATUS[0]}" >> "$OUT/stack.log"
 fi
 if want tests1; then
-  el tests1; timeout ${TESTS1_CAP:-420} python3 -m pytest ${TESTS1_FILES:-tests} -q -o addopts="" -p no:cacheprovider -rfE --durations=15 -m "not slow" \
+  el tests1; timeout -s INT -k 20 ${TESTS1_CAP:-420} python3 -m pytest ${TESTS1_FILES:-tests} -q -o addopts="" -p no:cacheprovider -rfE --durations=15 -m "not slow" \
     --ignore=tests/test_kernels.py --ignore=tests/test_ops.py --ignore=tests/test_properties.py > "$OUT/tests1.log" 2>&1
   echo "rc=$?" >> "$OUT/tests1.log"
 fi
 if want tests2; then
-  el tests2; timeout ${TESTS2_CAP:-400} python3 -m pytest ${TESTS2_FILES:-tests/test_ops.py tests/test_kernels.py} -q -o addopts="" -p no:cacheprovider \
+  el tests2; timeout -s INT -k 20 ${TESTS2_CAP:-400} python3 -m pytest ${TESTS2_FILES:-tests/test_ops.py tests/test_kernels.py} -q -o addopts="" -p no:cacheprovider \
     -rfE --durations=15 -m "not slow" > "$OUT/tests2.log" 2>&1; echo "rc=$?" >> "$OUT/tests2.log"
 fi
 if want tests; then
-  el tests; timeout 300 python3 -m pytest tests -q -o addopts="" -p no:cacheprovider --maxfail=40 -rfE -m "not slow" > "$OUT/tests.log" 2>&1; echo "rc=$?" >> "$OUT/tests.log"
+  el tests; timeout -s INT -k 20 300 python3 -m pytest tests -q -o addopts="" -p no:cacheprovider --maxfail=40 -rfE -m "not slow" > "$OUT/tests.log" 2>&1; echo "rc=$?" >> "$OUT/tests.log"
 fi
 el done
