@@ -236,6 +236,11 @@ def test_refusals_found_compiling_on_a_tpu():
         legality.plan(Dot(), int_dot, i32, "tpu")
     assert legality.plan(Dot(), int_dot, i32, "gpu").kind == "matmul"
     assert legality.plan(Add(), _spec([(8, 128)] * 2, i32, (1, 1), 1, 1, (8, 128)), i32, "tpu").kind == "pointwise"
+    for narrow in (np.dtype(np.int8), np.dtype(np.uint8)):
+        with pytest.raises(WindowNotLegal, match=f"{narrow} vectors"):
+            legality.plan(Add(), _spec([(8, 128)] * 2, narrow, (1, 1), 1, 1, (8, 128)), narrow, "tpu")
+        assert legality.plan(Add(), _spec([(8, 128)] * 2, narrow, (1, 1), 1, 1, (8, 128)), narrow, "gpu").kind \
+            == "pointwise"
     with jax.enable_x64(True):
         with pytest.raises(WindowNotLegal, match="int64 vectors"):
             legality.plan(Add(), _spec([(8, 128)] * 2, i64, (1, 1), 1, 1, (8, 128)), i64, "tpu")

@@ -264,9 +264,12 @@ def gpu_plan(kind, spec, acc_dtype, limits: Limits = LIMITS, dots=()) -> Plan:
 # jax.export accepts them, Mosaic's compile does not. Their programs run as xla there.
 _TPU_ONLY = {"expm1", "sinh", "cosh", "atan", "asin", "acos", "asinh", "acosh", "atanh", "cbrt"}
 UNLOWERABLE = {"tpu": frozenset({"reduce_prod", "gather"} | _TPU_ONLY), "gpu": frozenset({"reduce_prod", "gather"})}
-# Dtypes a TPU v5e could not run in a Pallas program: float16 ("Invalid vector type for load"), and
-# 64-bit ones (2026-12-06: XLA's pass that rewrites X64 element types has no rule for a pallas_call).
-UNLOADABLE_DTYPES = {"tpu": frozenset({"float16", "int64", "uint64", "float64", "complex128"}), "gpu": frozenset()}
+# Dtypes a TPU v5e could not run in a Pallas program: float16 ("Invalid vector type for load"),
+# 64-bit ones (2026-12-06: XLA's pass that rewrites X64 element types has no rule for a pallas_call), and
+# 8-bit integers (2026-12-06, seventh session: "Reductions over int8 not implemented", "Only vector<i16>
+# and vector<i32> are supported, but got 'i8'", at the first call of a max and of an elementwise program).
+UNLOADABLE_DTYPES = {"tpu": frozenset({"float16", "int64", "uint64", "float64", "complex128", "int8", "uint8"}),
+                     "gpu": frozenset()}
 
 
 def _all_eqns(jaxpr):
