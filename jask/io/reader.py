@@ -41,29 +41,9 @@ from jask.io import dtypes, faults, leases, maps
 from jask.io.buffers import aligned_empty
 from jask.io.layout import MAX_UINT64, ChunkLayout, covering, describe_region
 from jask.io.pins import folder_deleted, folder_emptied
+from jask.io.read_errors import CorruptChunkError, MissingChunkError, TileReadError
 
 _INDEX_CACHE = 256  # shard indexes kept per reader (16 bytes per inner chunk each)
-
-
-# ---------------------------------------------------------------- errors
-
-class TileReadError(RuntimeError):
-    """Reading one tile failed; ``path``, ``tile`` and ``region`` say which.
-
-    The original exception is ``__cause__``.
-    """
-
-    def __init__(self, message, path=None, tile=None, region=None):
-        super().__init__(message)
-        self.path, self.tile, self.region = path, tile, region
-
-
-class MissingChunkError(TileReadError, FileNotFoundError):
-    """A chunk (or the whole store) that must exist is not on disk."""
-
-
-class CorruptChunkError(TileReadError, ValueError):
-    """A chunk file is there but damaged: wrong size, bad shard index, or undecodable."""
 
 
 class TileKey(NamedTuple):
