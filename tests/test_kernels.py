@@ -311,3 +311,15 @@ def test_benchmark_compares_panels_on_and_off_in_one_run():
     assert max(errors) < 1e-3, out.stdout
     bad = subprocess.run([sys.executable, "-m", "jask.bench.kernels", "--panels=maybe"], capture_output=True, text=True)
     assert bad.returncode != 0 and "--panels takes on, off or on,off; got 'maybe'" in bad.stderr
+
+
+def test_benchmark_compares_bands_on_and_off_in_one_run():
+    """``--path=jask --bands=on,off``: the whole pipeline both ways, the bytes each read printed; in bands a
+    2048^2 product in tiles of 256 reads 64 MiB in 4 windows, row-major 160 MiB in 10 (16 MiB windows)."""
+    out = subprocess.run([sys.executable, "-m", "jask.bench.kernels", "--op=dot", "--n=2048", "--block=256",
+                          "--backend=xla", "--repeat=1", "--path=jask", "--bands=on,off"],
+                         capture_output=True, text=True, check=True)
+    lines = [ln for ln in out.stdout.splitlines() if "ratio" in ln]
+    assert [("bands=on" in ln, "bands=off" in ln) for ln in lines] == [(True, False), (False, True)], out.stdout
+    assert "read 64 MiB in 4 windows" in lines[0] and "read 160 MiB in 10 windows" in lines[1], out.stdout
+    assert max(float(ln.rsplit("max |err| ", 1)[1]) for ln in lines) < 1e-2, out.stdout

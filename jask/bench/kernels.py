@@ -44,6 +44,8 @@ flags.DEFINE_enum("path", "window", ["window", "tiles", "jask"],
                   "window: the whole array as one window program over stacked blocks (the Pallas "
                   "executor's form, one kernel call); tiles: the xla executor's form, the blocks as "
                   "separate arguments of one program (--backend=xla); jask: the full pipeline from Zarr stores")
+flags.DEFINE_list("bands", ["on"], "on, off or both (--path=jask): whether a product's output tiles come in bands of "
+                  "block rows, so windows hold rectangles of tiles (jask/exec/bands.py), or row-major")
 flags.DEFINE_list("panels", ["on"], "on, off or both (on,off: side by side in one run): whether a window of plain "
                   "products filling a rectangle is multiplied as one product of panels (jask/kernels/panels.py)")
 
@@ -210,7 +212,10 @@ def bench_op(name: str, n: int, block: int, backend: str, repeat: int, dtype: st
     data = ref_inputs if (path != "jask" and blocks_from == "jax") else inputs
     compute, assemble = runner(case, data, block, backend)
     (ref_times, ref_cpu), (times, cpu) = _time_interleaved([lambda: ref(*ref_inputs), compute], repeat)
-    got, want = assemble(compute()), np.asarray(ref(*ref_inputs))
+    import jask
+    with jask.profile() as prof:
+        got = assemble(compute())
+    want = np.asarray(ref(*ref_inputs))
     err = float(np.max(np.abs(np.asarray(got, np.float32) - np.asarray(want, np.float32))))
     med, ref_med = statistics.median(times), statistics.median(ref_times)
     if case.flops:
@@ -224,7 +229,8 @@ def bench_op(name: str, n: int, block: int, backend: str, repeat: int, dtype: st
                 median_s=med, best_s=min(times), rate=rate, unit=unit,
                 jnp_median_s=ref_med, jnp_rate=ref_rate, ratio=med / ref_med,
                 cpu_s=statistics.median(cpu), jnp_cpu_s=statistics.median(ref_cpu),
-                cpu_ratio=_ratio(statistics.median(cpu), statistics.median(ref_cpu)), max_abs_err=err)
+                cpu_ratio=_ratio(statistics.median(cpu), statistics.median(ref_cpu)), max_abs_err=err,
+                bytes_read=prof.bytes_read, windows=prof.windows)
 
 
 def _ratio(a: float, b: float) -> float:
@@ -237,18 +243,22 @@ def main(argv):
     print(f"jax {jax.__version__} on {jax.default_backend()} ({jax.device_count()} device(s)); "
           f"path={FLAGS.path}{', blocks from ' + FLAGS.blocks_from if FLAGS.path != 'jask' else ''}; median of {FLAGS.repeat} after a warm-up, "
           f"jnp and jask runs interleaved; load average {os.getloadavg()[0]:.2f} on {os.cpu_count()} cpus")
+    from jask.exec import bands
     from jask.kernels import panels
-    if not FLAGS.panels or set(FLAGS.panels) - {"on", "off"}:
-        raise app.UsageError(f"--panels takes on, off or on,off; got {','.join(FLAGS.panels)!r}")
-    min_side = panels.MIN_SIDE
-    for name, mode in itertools.product(FLAGS.op, FLAGS.panels):
+    for name, values in (("panels", FLAGS.panels), ("bands", FLAGS.bands)):
+        if not values or set(values) - {"on", "off"}:
+            raise app.UsageError(f"--{name} takes on, off or on,off; got {','.join(values)!r}")
+    min_side, min_rows = panels.MIN_SIDE, bands.MIN_ROWS
+    for name, mode, band in itertools.product(FLAGS.op, FLAGS.panels, FLAGS.bands):
         if name not in _cases():
             raise app.UsageError(f"unknown --op {name!r}; choose from {sorted(_cases())}")
         panels.MIN_SIDE = min_side if mode == "on" else math.inf
+        bands.MIN_ROWS = min_rows if band == "on" else math.inf
         r = bench_op(name, FLAGS.n, FLAGS.block, FLAGS.backend, FLAGS.repeat, FLAGS.dtype, FLAGS.path,
                      FLAGS.blocks_from)
+        read = f", read {r['bytes_read'] / 2**20:.0f} MiB in {r['windows']} windows" if FLAGS.path == "jask" else ""
         print(f"{r['op']:>9} n={r['n']} block={r['block']} {r['dtype']} backend={r['backend']} "
-              f"panels={mode} precision={r['precision']}: "
+              f"panels={mode}{' bands=' + band if FLAGS.path == 'jask' else ''} precision={r['precision']}{read}: "
               f"{r['median_s'] * 1e3:9.2f} ms (best {r['best_s'] * 1e3:.2f}) {r['rate']:8.2f} {r['unit']} | "
               f"jnp {r['jnp_median_s'] * 1e3:9.2f} ms {r['jnp_rate']:8.2f} {r['unit']} | "
               f"ratio {r['ratio']:.2f}x | cpu {r['cpu_s']:.2f} s vs {r['jnp_cpu_s']:.2f} s, "

@@ -71,7 +71,7 @@ def process_tiles(shape, tile: int, block_shapes, units, index: int, count: int)
     """The output tiles process ``index`` of ``count`` computes, whole files of every output each; None when
     the outputs' files make fewer than two pieces (nothing to share so).
 
-    ``units`` holds each tile's units of work in C order (:func:`jask.exec.schedule.tile_units`).
+    ``units`` holds each tile's units of work in C order (:func:`jask.exec.shares.tile_units`).
     """
     found = pieces(shape, tile, block_shapes)
     if len(found) < 2:

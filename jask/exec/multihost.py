@@ -47,7 +47,7 @@ from jask.config import config
 from jask.exec.events import count
 from jask.exec.partials import fold_in_order
 from jask.exec.block_shares import process_tiles
-from jask.exec.schedule import cuts_a_tile, tile_units
+from jask.exec.shares import cuts_a_tile, tile_units
 from jask.graph.nodes import OpNode, StoredNode
 from jask.graph.op import CustomOp
 from jask.graph.tiling import block_at, block_shape, grid, region

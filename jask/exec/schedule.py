@@ -30,6 +30,8 @@ from collections import defaultdict
 
 import numpy as np
 
+from jask.exec.bands import band_order, band_rows
+from jask.exec.shares import shared_tiles
 from jask.plan.fusion import entries_of, entry_program
 from jask.graph.nodes import OpNode, StoredNode, ZerosNode
 from jask.graph.tiling import grid
@@ -260,7 +262,8 @@ def windows(plan, group, indices, limit_bytes: int, batch_bytes: int = WINDOW_IN
             share: tuple[int, int] = (0, 1)):
     """Yield the :class:`Window`\\ s that compute ``indices`` of a lockstep ``group`` (usually one node).
 
-    Output tiles come in the order given; a single node's tile with many entries
+    Output tiles come in the order given (a contraction's in bands of block rows where windows can hold
+    rectangles of its tiles, :mod:`jask.exec.bands`; not in shares); a single node's tile with many entries
     (a reduction) may be split across windows, its partials folded by the executor.
     A window also stops growing once it reads ``batch_bytes`` of input: past
     that, one call's dispatch is small next to its data, and more tiles per
@@ -276,10 +279,18 @@ def windows(plan, group, indices, limit_bytes: int, batch_bytes: int = WINDOW_IN
     stage_ids = {id(n) for n in group}
     draft = _Draft(plan, stage_ids)
     one_pass = plan.one_pass(group)
-    for idx, per_node, (lo, hi) in _shared_tiles(plan, group, indices, share):
+    indices = [tuple(i) for i in indices]
+    rows = 1 if share != (0, 1) or one_pass or len(group) != 1 or len(indices) < 4 else band_rows(
+        plan, group[0], limit_bytes, batch_bytes, lambda idx, ents, seen: _tile_cost(
+            draft, [(group[0], idx, ents)], 0, len(ents), seen))
+    for idx, per_node, (lo, hi) in shared_tiles(plan, group, band_order(indices, rows) if rows > 1 else indices,
+                                                share):
         if one_pass or (len(group) == 1 and len(per_node[0][1]) > 1):
             # a reduction tile split into entries; members of a one-pass group take entry k together
             at = _pass_members(plan, group) if one_pass else [(n, idx, ents) for n, ents in per_node]
+            if rows > 1 and draft.full(_tile_cost(draft, at, lo, hi), limit_bytes, batch_bytes, hi - lo):
+                yield draft.seal()   # in bands a tile starts a window it fits in whole: rectangles stay whole
+                draft = _Draft(plan, stage_ids)
             for k in range(lo, hi):
                 cost = _entry_cost(draft, at, k)
                 if draft.full(cost, limit_bytes, batch_bytes, len(at)):
@@ -315,46 +326,17 @@ def _pass_members(plan, group):
             for i in np.ndindex(*grid(n.shape, plan.tile))]
 
 
-def _member_index(node, idx, one_pass):
-    """A member's output tile: its only one in a one-pass group (members differ in shape), else ``idx``."""
-    return (0,) * node.ndim if one_pass else idx
-
-
 def _entry_cost(draft, at, k):
     """The cost of entry ``k`` of every ``(node, tile, entries)`` in ``at``, shared reads counted once."""
-    seen: set = set()
-    costs = [draft.cost(n, i, [ents[k]], seen) for n, i, ents in at]
+    return _tile_cost(draft, at, k, k + 1)
+
+
+def _tile_cost(draft, at, lo, hi, seen=None):
+    """The cost of entries ``lo:hi``, each as :func:`_entry_cost` charges it, shared reads counted once
+    (``seen``: the value keys already counted, added to)."""
+    seen = set() if seen is None else seen
+    costs = [draft.cost(n, i, [ents[k]], seen) for k in range(lo, hi) for n, i, ents in at]
     return sum(c[0] for c in costs), sum(c[1] for c in costs)
-
-
-def _shared_tiles(plan, group, indices, share):
-    """``(idx, per_node, (lo, hi))`` for each tile with units in share ``(d, n)``: entries ``lo:hi`` of a
-    split tile, ``(0, 1)`` for a whole one."""
-    d, n = share
-    if not 0 <= d < n:
-        raise ValueError(f"share {d} of {n} does not exist")
-    tiles = []
-    one_pass = plan.one_pass(group)
-    for idx in indices:
-        idx = tuple(idx)
-        try:
-            per_node = [(nd, entries_of(plan.prepared[id(nd)], nd, _member_index(nd, idx, one_pass)))
-                        for nd in group]
-        except Exception as e:
-            e.add_note(f"while scheduling tile {idx} of {' + '.join(plan.prepared[id(nd)].name for nd in group)}")
-            raise
-        units = len(per_node[0][1]) if (len(group) == 1 or one_pass) and len(per_node[0][1]) > 1 else 1
-        if n == 1:
-            yield idx, per_node, (0, units)
-        else:
-            tiles.append((idx, per_node, units))
-    total = sum(t[2] for t in tiles)
-    first, last, pos = total * d // n, total * (d + 1) // n, 0
-    for idx, per_node, units in tiles:
-        lo, hi = max(first - pos, 0), min(last - pos, units)
-        pos += units
-        if lo < hi:
-            yield idx, per_node, (lo, hi)
 
 
 def spread(plan, group, indices, limit_bytes: int, batch_bytes: int, n: int, first: int = 0,
@@ -374,21 +356,3 @@ def spread(plan, group, indices, limit_bytes: int, batch_bytes: int, n: int, fir
     indices = [tuple(i) for i in indices]
     shares = [list(windows(plan, group, indices, limit_bytes, batch_bytes, (first + d, total))) for d in range(n)]
     return [(d, shares[d][r]) for r in range(max(map(len, shares))) for d in range(n) if r < len(shares[d])]
-
-
-def tile_units(plan, group, indices) -> list[int]:
-    """The units of work (see :func:`windows`) of each tile at ``indices``: 1, or a split tile's entries."""
-    return [hi for _, _, (_, hi) in _shared_tiles(plan, group, indices, (0, 1))]
-
-
-def cuts_a_tile(units, parts: int) -> bool:
-    """Whether cutting a pass of tiles of these ``units`` into ``parts`` shares splits some output tile's
-    entries between two."""
-    total = sum(units)
-    cuts = {total * p // parts for p in range(1, parts)}
-    pos = 0
-    for u in units:
-        if any(pos < c < pos + u for c in cuts):
-            return True
-        pos += u
-    return False
