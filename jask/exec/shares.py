@@ -46,7 +46,8 @@ def shared_tiles(plan, group, indices, share):
 
 
 def tile_units(plan, group, indices) -> list[int]:
-    """The units of work (see :func:`windows`) of each tile at ``indices``: 1, or a split tile's entries."""
+    """The units of work (see :func:`jask.exec.schedule.windows`) of each tile at ``indices``: 1, or a split
+    tile's entries."""
     return [hi for _, _, (_, hi) in shared_tiles(plan, group, indices, (0, 1))]
 
 
