@@ -1,8 +1,9 @@
 #!/bin/bash
 # One call on the lent GPU machine: install carried wheels, then run each check capped, logs to $OUT.
-# From the project root: bash tpu_tests/gpu-check.sh [quick|scale]  (carry .whl: zarr, numcodecs, donfig,
+# From the project root: bash tpu_tests/gpu-check.sh [quick|bands|scale]  (carry .whl: zarr, numcodecs, donfig,
 # google-crc32c, dask, partd, locket for cp312). Each step is capped so the whole call ends in ~7 min;
 # "quick" (~1 min) runs only the jitted main job on both backends and tpu_tests/test_windows_hw.py.
+# "bands" (~2 min) compares a product's tiles in bands of block rows with row-major, out of core.
 # "scale" (~2 min) runs only issue 16's process scaling on the machine's CPU cores (no GPU): sum with 1,
 # 2 and 4 jax.distributed processes on loopback, alternated in rounds (2 cores could not test it).
 set -u
@@ -18,6 +19,11 @@ T0=$(date +%s); el(){ echo "== $1 at +$(( $(date +%s) - T0 ))s" | tee -a "$OUT/e
 if [ "${1:-}" = "quick" ]; then
   el demo; { for b in xla pallas; do echo "### backend=$b"; JASK_BACKEND=$b timeout 50 python3 -m jask.demo --data_dir=$SCR/demo --steps=5; echo "rc=$?"; done; } > "$OUT/demo.log" 2>&1
   el tpu_tests; timeout -s INT -k 20 70 python3 -m pytest tpu_tests/test_windows_hw.py -q -o addopts="" -p no:cacheprovider -rfE -s > "$OUT/tpu_tests.log" 2>&1; echo "rc=$?" >> "$OUT/tpu_tests.log"
+  el done; exit 0
+fi
+if [ "${1:-}" = "bands" ]; then   # ~2 min: a product's tiles in bands against row-major (jask/exec/bands.py)
+  el bands; { for b in xla pallas; do JASK_MEMORY_BUDGET=2GB timeout 100 python3 -m jask.bench.kernels --op=dot --n=8192 --block=1024 \
+    --path=jask --backend=$b --bands=on,off --repeat=3 2>&1 | grep -E "ratio|^jax "; done; } > "$OUT/bands.log" 2>&1
   el done; exit 0
 fi
 if [ "${1:-}" = "scale" ]; then

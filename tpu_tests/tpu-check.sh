@@ -15,6 +15,8 @@
 # spends tracing, lowering and compiling, backends auto and xla, COMPILE_CAP 150 s each).
 # Also: stack (tpu_tests/stack_probe.py: joined windows with tiles stacked on the chip against the earlier per-program
 # calls with host-stacked tiles, sum and jit(value_and_grad) at 1 GiB, alternated, STACK_CAP 200 s).
+# Also: bands (a product's tiles in bands of block rows against row-major, the whole pipeline from Zarr stores,
+# n=8192 in tiles of 1024, budget 2GB: 1.5 GiB read against 2.5 GiB row-major; bytes and time, BANDS_CAP 240 s).
 # Also: matmul (tpu_tests/matmul_probe.py 8192: the TPU matmul inner blocks against jnp) and hwslice (tests HW_FROM
 # to HW_TO, 1-based, of `pytest tpu_tests --co` order, HW_CAP seconds: on 2026-12-06 tests 1-265 of that order ran
 # after the scalar-prefetch change, so HW_FROM=266 HW_TO=325 runs the 60 OPS-table rows left). To run your own commands after `env`, append to PYTHONPATH
@@ -90,6 +92,10 @@ fi
 if want compile; then
   el compile; { for b in auto xla; do echo "### backend=$b"; JASK_BACKEND=$b timeout ${COMPILE_CAP:-150} python3 tpu_tests/compile_probe.py $SCR/cd 1 2>&1 \
     | grep -vE "^(I|W)[0-9]{4}|^WARNING:jax|warnings.warn|hugepages"; echo "rc=$?"; done; } > "$OUT/compile.log" 2>&1
+fi
+if want bands; then
+  el bands; JASK_MEMORY_BUDGET=2GB timeout ${BANDS_CAP:-240} python3 -m jask.bench.kernels --op=dot --n=8192 --block=1024 --path=jask \
+    --backend=auto --bands=on,off --repeat=3 2>&1 | grep -E "ratio|^jax " > "$OUT/bands.log"; echo "rc=${PIPESTATUS[0]}" >> "$OUT/bands.log"
 fi
 if want stack; then
   el stack; timeout ${STACK_CAP:-200} python3 tpu_tests/stack_probe.py $SCR/cd 1 3 2>&1 \
