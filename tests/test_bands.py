@@ -7,6 +7,7 @@ import pytest
 
 import jask
 from jask.exec import bands, schedule
+from jask.exec.run_windows import kernels_cache
 from jask.kernels import panels, xla
 
 
@@ -39,6 +40,7 @@ def rectangles(monkeypatch):
         return got
 
     monkeypatch.setattr(xla, "panel_plan", spy)
+    kernels_cache.programs.clear()   # programs compiled earlier would not plan their panels again
     return seen
 
 

@@ -13,7 +13,8 @@ and each output tile is one slice of that product. The panels cost a copy of
 the window's inputs, repaid only when each panel is shared by several tiles:
 on a window of one block row the copies cost more than they save (6-7 tiles,
 K = 8: 2.8-4.0x jnp's time against 2.5-2.6x), so a rectangle must be at least
-:data:`MIN_SIDE` tiles on both sides. Sums run in a different order than the
+:data:`MIN_SIDE` tiles on both sides. Out of core, windows are such rectangles where
+:mod:`jask.exec.bands` orders a product's tiles in bands of block rows. Sums run in a different order than the
 per-block fold: results agree to float rounding, not bit for bit.
 """
 from __future__ import annotations
