@@ -22,6 +22,7 @@ Fault injection (:mod:`jask.io.faults`) fires at each step of a write and a comm
 from __future__ import annotations
 
 import os
+import stat
 import time
 import weakref
 
@@ -350,11 +351,13 @@ def open_existing(path: str, mode: str) -> Store:
     while True:
         settle(path, deadline)   # a writer's next swap may begin right after settle returns: then settle again
         late = time.monotonic() >= deadline
-        if not os.path.exists(path):
+        try:   # one stat: with two (exists, then isdir) a swap between them made a folder "a file"
+            is_folder = stat.S_ISDIR(os.stat(path).st_mode)
+        except FileNotFoundError:
             if late or not swap_in_progress(path):
-                raise FileNotFoundError(f"from_zarr: no Zarr array at {path}")
+                raise FileNotFoundError(f"from_zarr: no Zarr array at {path}") from None
             continue
-        if not os.path.isdir(path):
+        if not is_folder:
             raise ValueError(f"from_zarr: {path} is a file, not a Zarr array folder")
         try:
             pin = pin_current(path)
