@@ -439,6 +439,29 @@ def test_reused_pid_does_not_keep_leftovers(tmp_path, monkeypatch):
     assert jask.cleanup_scratch(str(tmp_path / "root")) == [str(folder)]
 
 
+def test_a_pid_reused_by_a_thread_does_not_keep_leftovers(tmp_path):
+    """Threads take ids from the pids' space and ``kill(tid, 0)`` succeeds for them: a leftover whose owner's
+    pid now names a thread of a live process (here this one's) is its dead owner's, swept at once."""
+    import threading
+    got, done = [], threading.Event()
+    t = threading.Thread(target=lambda: (got.append(threading.get_native_id()), done.wait(30)))
+    t.start()
+    try:
+        while not got:
+            time.sleep(0.001)
+        tid = got[0]
+        os.kill(tid, 0)                                  # the id is live...
+        assert tid != os.getpid() and not owners.pid_alive(tid)   # ...but no process has it
+        assert owners.pid_alive(os.getpid())
+        stale = tmp_path / f".x.zarr.jask-tmp-{tid}-abcdef"
+        stale.mkdir()
+        (tmp_path / "x.zarr").mkdir()
+        assert recovery.sweep(str(tmp_path / "x.zarr")) == [str(stale)] and not stale.exists()
+    finally:
+        done.set()
+        t.join()
+
+
 def test_renamed_leftovers_of_a_live_process_are_not_taken(tmp_path, monkeypatch):
     """A rename keeps a folder's mtime: a live writer's ``-old-`` sibling (an old array moved aside mid
     swap) and a claimed resume folder count from their rename, not from when they were first written."""

@@ -38,13 +38,31 @@ def sibling_owner(sibling_path: str) -> int | None:
 
 
 def pid_alive(pid: int) -> bool:
-    """Whether a process with this pid exists."""
+    """Whether a process with this pid exists: an id that names a thread of another process does not count."""
     try:
         os.kill(pid, 0)
     except ProcessLookupError:
         return False
     except PermissionError:
-        return True
+        pass
+    return _leads_a_process(pid)
+
+
+def _leads_a_process(pid: int) -> bool:
+    """Whether ``pid`` (a live id) is a process's own id, not one of its threads'.
+
+    Linux gives threads ids from the same space as processes, and ``kill(tid, 0)``
+    succeeds for them: a dead owner's pid reused by any thread of any process
+    (jask's processes each run dozens) looked alive. A process's id is its thread
+    group id (``Tgid`` in ``/proc/PID/status``). True where ``/proc`` cannot say.
+    """
+    try:
+        with open(f"/proc/{pid}/status") as f:
+            for line in f:
+                if line.startswith("Tgid:"):
+                    return int(line.split()[1]) == pid
+    except (OSError, ValueError):
+        pass
     return True
 
 
