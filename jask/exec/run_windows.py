@@ -19,7 +19,7 @@ import numpy as np
 from jask.plan.fusion import FusedTileOp, _is_plain, _Same
 from jask.kernels import xla
 from jask.kernels.legality import WindowNotLegal
-from jask.kernels.window import stacked_tiles_program, widen_dtype
+from jask.kernels.window import fold_partial, stacked_tiles_program, widen_dtype
 from jask.exec.devices import calling_on
 from jask.exec.joined_window import MAX_JOINED_CALLS, run_joined
 from jask.exec.program_cache import Charged, ProgramCache
@@ -157,8 +157,7 @@ class Kernels:
         key = _Same(root_op)
         fn = self._programs.get(key)
         if fn is None:
-            fn = Charged(jax.jit(lambda acc, part: jnp.asarray(root_op.combine(acc, part)).astype(acc.dtype)),
-                         self._programs, key)
+            fn = Charged(jax.jit(lambda acc, part: fold_partial(root_op, acc, part)), self._programs, key)
             self._programs.put(key, fn)
         return fn
 

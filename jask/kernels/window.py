@@ -92,21 +92,36 @@ def fold_partial(op, acc, part, present=None):
     return folded if present is None else jnp.where(present, folded, part.astype(acc.dtype))
 
 
+def split_tile_args(flat, spec, carried=(), maybe=()):
+    """The arguments of a program over separate tiles (:func:`jask.kernels.xla.window_tiles_program`'s
+    layout: each leaf position's tiles, then the ``carried`` accumulators, then the ``maybe`` flags) as
+    ``(rows, incoming, present)``: each leaf position's tiles, and the accumulator and its present flag
+    by output tile."""
+    bounds = np.cumsum([0] + list(spec.stack_rows))
+    rows = [flat[bounds[j]:bounds[j + 1]] for j in range(len(spec.stack_rows))]
+    incoming = dict(zip(carried, flat[bounds[-1]:bounds[-1] + len(carried)]))
+    present = dict(zip(maybe, flat[-1])) if maybe else {}
+    return rows, incoming, present
+
+
+def fold_carried(op, outs, incoming, present) -> list:
+    """Each output tile's result with its carried accumulator (``incoming``, see :func:`split_tile_args`)
+    folded in."""
+    return [out if i not in incoming else fold_partial(op, incoming[i], out, present.get(i))
+            for i, out in enumerate(outs)]
+
+
 def stacked_tiles_program(run, op, spec, table, valid, carried=(), maybe=()):
     """A stacked window program ``run(stacks, table, valid)`` (a Pallas kernel) as a program over separate
-    tiles, with the argument layout of :func:`jask.kernels.xla.window_tiles_program`: each leaf
-    position's tiles, then the ``carried`` accumulators, then the ``maybe`` flags. The tiles are stacked
-    inside the program (on a device, a copy in its memory instead of one on the host) and the table
-    and valid mask are constants. Returns one result per output tile, carried partials folded in."""
+    tiles, with the argument layout of :func:`jask.kernels.xla.window_tiles_program` (see
+    :func:`split_tile_args`). The tiles are stacked inside the program (on a device, a copy in its
+    memory instead of one on the host) and the table and valid mask are constants. Returns one result
+    per output tile, carried partials folded in."""
     import jax.numpy as jnp
-    bounds = np.cumsum([0] + list(spec.stack_rows))
 
     def program(*flat):
-        stacks = [jnp.stack(flat[bounds[j]:bounds[j + 1]]) for j in range(len(spec.stack_rows))]
-        out = run(stacks, jnp.asarray(table), jnp.asarray(valid))
-        incoming = dict(zip(carried, flat[bounds[-1]:bounds[-1] + len(carried)]))
-        present = dict(zip(maybe, flat[-1])) if maybe else {}
-        return [out[i] if i not in incoming else fold_partial(op, incoming[i], out[i], present.get(i))
-                for i in range(spec.n_tiles)]
+        rows, incoming, present = split_tile_args(flat, spec, carried, maybe)
+        out = run([jnp.stack(tiles) for tiles in rows], jnp.asarray(table), jnp.asarray(valid))
+        return fold_carried(op, [out[i] for i in range(spec.n_tiles)], incoming, present)
 
     return program

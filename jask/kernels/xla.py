@@ -3,11 +3,10 @@ from __future__ import annotations
 
 import jax
 import jax.numpy as jnp
-import numpy as np
 
 from jask.kernels.panels import multiply_panels, panel_plan
 from jask.kernels.registry import ANY_PLATFORM, register
-from jask.kernels.window import contraction_precision, fold_partial, widen_dtype
+from jask.kernels.window import contraction_precision, fold_carried, fold_partial, split_tile_args, widen_dtype
 
 
 def _widen(x):
@@ -51,7 +50,7 @@ def compile_window(op, spec):
 
         def body(k, acc):
             part = entry(stacks, rows[k])
-            return jnp.where(valid[k], jnp.asarray(op.combine(acc, part)).astype(acc.dtype), acc)
+            return jnp.where(valid[k], fold_partial(op, acc, part), acc)
 
         return jax.lax.fori_loop(1, spec.k, body, acc)
 
@@ -91,21 +90,16 @@ def window_tiles_program(op, spec, table, valid, carried=(), maybe=()):
     the grad benchmark's window).
     """
     prec = contraction_precision(spec.leaf_dtypes)
-    bounds = np.cumsum([0] + list(spec.stack_rows))
     plan = [[tuple(int(r) for r in table[i, k]) for k in range(spec.k) if valid[i, k]]
             for i in range(spec.n_tiles)]
 
     panels = panel_plan(op, spec, table, valid)
 
     def program(*flat):
-        rows = [flat[bounds[j]:bounds[j + 1]] for j in range(len(spec.stack_rows))]
-        incoming = dict(zip(carried, flat[bounds[-1]:bounds[-1] + len(carried)]))
-        present = dict(zip(maybe, flat[-1])) if maybe else {}
+        rows, incoming, present = split_tile_args(flat, spec, carried, maybe)
         with jax.default_matmul_precision(prec):
             if panels is not None:
-                outs = multiply_panels(panels, rows[0], rows[1], spec.out_block)
-                return [out if i not in incoming else fold_partial(op, incoming[i], out, present.get(i))
-                        for i, out in enumerate(outs)]
+                return fold_carried(op, multiply_panels(panels, rows[0], rows[1], spec.out_block), incoming, present)
             outs = []
             for i, entries in enumerate(plan):
                 acc = incoming.get(i)
