@@ -8,9 +8,10 @@ Usage:
       fault point into the file ``record``), waits for it and prints one JSON
       line {"pid", "signal", "code"}. Forking saves the 2 s jax import per kill
       point; the zygote itself never starts JAX's backend or touches scratch.
-      A request {"read", "scratch", "seconds", "out"} instead forks a reader
-      (as ``read`` below, writing to files ``out`` + ".ready" and ``out``) and
-      answers {"pid"} at once, without waiting for it.
+      A request {"read", "scratch", "seconds", "out", optionally "stop"} instead
+      forks a reader (as ``read`` below, writing to files ``out`` + ".ready" and
+      ``out``; with ``stop``, reading until that file exists) and answers {"pid"}
+      at once, without waiting for it.
   python reliability_worker.py run SCENARIO DIR SCRATCH
       Run one scenario in this process (``JASK_FAULT`` in the environment arms it).
   python reliability_worker.py read PATH SCRATCH SECONDS
@@ -182,7 +183,8 @@ def serve():
         if pid == 0:
             code = 1
             try:
-                code = read_loop(req["read"], req["scratch"], req["seconds"], req["out"]) if "read" in req \
+                code = read_loop(req["read"], req["scratch"], req["seconds"], req["out"], req.get("stop")) \
+                    if "read" in req \
                     else _child(req)
             except BaseException:
                 traceback.print_exc()
@@ -209,16 +211,22 @@ def _publish(text, path):
 MIN_READS = 8   # a loaded machine may be slow: read at least this often, however long it takes
 
 
-def read_loop(path, scratch, seconds, out=None) -> int:
-    """Read ``path`` afresh in a loop for ``seconds`` after the first read, and at least ``MIN_READS``
-    times; report to stdout or ``out``."""
+def read_loop(path, scratch, seconds, out=None, stop=None) -> int:
+    """Read ``path`` afresh in a loop for ``seconds`` after the first read (or, given ``stop``, until that
+    file exists, ``seconds`` at most: a writer slow to start, e.g. compiling on a TPU, still meets the reads), and at least
+    ``MIN_READS`` times; report to stdout or ``out``."""
     import time
     import jask
     _setup(scratch)
     jask.config.update("tile", 8)
     results = []
     t_end = None
-    while t_end is None or time.monotonic() < t_end or len(results) < MIN_READS:
+    def reading() -> bool:
+        if t_end is None or len(results) < MIN_READS:
+            return True
+        return not (stop and os.path.exists(stop)) and time.monotonic() < t_end
+
+    while reading():
         try:
             x = jask.from_zarr(path)
             if len(results) % 2:

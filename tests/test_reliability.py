@@ -745,7 +745,8 @@ def test_concurrent_readers_see_one_version(zygotes, small_tiles, tmp_path, monk
     p = tmp_path / "shared.zarr"
     jask.from_numpy(np.zeros(shape, np.float32)).to_zarr(p)
     outs = [str(tmp_path / f"reader{i}.json") for i in range(2)]
-    started = list(zygotes.run([dict(read=str(p), scratch=str(tmp_path / "scratch"), seconds=1.5, out=o)
+    stop = str(tmp_path / "stop")       # readers read until the commits are done (a TPU's first one compiles)
+    started = list(zygotes.run([dict(read=str(p), scratch=str(tmp_path / "scratch"), seconds=60, out=o, stop=stop)
                                 for o in outs]))
     assert all(r.get("pid") for r in started), started
     deadline = time.monotonic() + 60
@@ -760,10 +761,16 @@ def test_concurrent_readers_see_one_version(zygotes, small_tiles, tmp_path, monk
             time.sleep(0.03)
 
     with faults.armed(slow_swap):
-        while not all(os.path.exists(o) for o in outs):
-            assert time.monotonic() < deadline, f"readers did not finish: {zygotes.log_tail()}"
+        first = None
+        while first is None or time.monotonic() < first + 1.5 or len(committed) < 5:
+            assert time.monotonic() < deadline, f"commits too slow: {len(committed) - 1} in 60 s"
             x.update_(x + ones)
             committed.append(committed[-1] + 1)
+            first = first or time.monotonic()
+    open(stop, "w").close()
+    while not all(os.path.exists(o) for o in outs):
+        assert time.monotonic() < deadline + 60, f"readers did not finish: {zygotes.log_tail()}"
+        time.sleep(0.01)
     results = [json.load(open(o)) for o in outs]
     n = shape[0] * shape[1]
     versions = set()

@@ -21,7 +21,7 @@
 # to HW_TO, 1-based, of `pytest tpu_tests --co` order, HW_CAP seconds: on 2026-12-06 tests 1-265 of that order ran
 # after the scalar-prefetch change, so HW_FROM=266 HW_TO=325 runs the 60 OPS-table rows left). To run your own commands after `env`, append to PYTHONPATH
 # (it already holds the machine's jax): export PYTHONPATH=$PYTHONPATH:/tmp/site:$PWD.
-# Wheels (cp311, manylinux x86_64) into .whl-tpu: zarr numcodecs donfig google-crc32c pyyaml optax
+# Wheels (cp311, manylinux x86_64) into .whl-tpu: zarr numcodecs donfig google-crc32c pyyaml optax lazy-importer
 # absl-py dask partd locket toolz click cloudpickle fsspec importlib_metadata zipp.
 # One program at a time may hold the chip, so every step runs in one process, one after another.
 # pytest steps get SIGINT at their cap (then KILL 20 s later), so a capped run still prints the failures so far.
