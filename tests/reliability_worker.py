@@ -3,11 +3,12 @@
 Usage:
   python reliability_worker.py serve
       A zygote: imports jask once, then for each JSON request line on stdin
-      ({"scenario", "dir", "scratch", "fault" or "record", optionally "durability"}) forks a child that
-      runs the scenario (armed with ``fault``, e.g. ``*:7``, or recording every
-      fault point into the file ``record``), waits for it and prints one JSON
-      line {"pid", "signal", "code"}. Forking saves the 2 s jax import per kill
-      point; the zygote itself never starts JAX's backend or touches scratch.
+      ({"scenario", "dir", "scratch", "fault" or "record", optionally "durability" and, with
+      "fault", "trace"}) forks a child that runs the scenario (armed with ``fault``, e.g. ``*:7``,
+      each point passed appended to the file ``trace``; or recording every fault point into the
+      file ``record``), waits for it and prints one JSON line {"pid", "signal", "code"}. Forking
+      saves the 2 s jax import per kill point; the zygote itself never starts JAX's backend or
+      touches scratch.
       A request {"read", "scratch", "seconds", "out", optionally "stop"} instead
       forks a reader (as ``read`` below, writing to files ``out`` + ".ready" and
       ``out``; with ``stop``, reading until that file exists) and answers {"pid"}
@@ -152,6 +153,19 @@ def _setup(scratch):
     jask.set_memory_budget("64MB", scratch_dir=scratch)
 
 
+class _Traced:
+    """Appends each fault point to a file as it fires, then calls the trigger: what a kill run passed,
+    up to the point that killed it, survives the SIGKILL (each line is one ``write``)."""
+
+    def __init__(self, path, trigger):
+        self.fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+        self.trigger = trigger
+
+    def __call__(self, point, info):
+        os.write(self.fd, (json.dumps([point, info.get("path")]) + "\n").encode())
+        self.trigger(point, info)
+
+
 def _child(req) -> int:
     from jask.io import faults
     _setup(req["scratch"])
@@ -162,7 +176,8 @@ def _child(req) -> int:
     if req.get("record"):
         recorder = faults.arm(faults.Recorder())
     elif req.get("fault"):
-        faults.arm(req["fault"])
+        trigger = faults.parse(req["fault"])
+        faults.arm(_Traced(req["trace"], trigger) if req.get("trace") else trigger)
     run_scenario(req["scenario"], req["dir"])
     faults.disarm()
     if recorder is not None:
@@ -212,9 +227,9 @@ MIN_READS = 8   # a loaded machine may be slow: read at least this often, howeve
 
 
 def read_loop(path, scratch, seconds, out=None, stop=None) -> int:
-    """Read ``path`` afresh in a loop for ``seconds`` after the first read (or, given ``stop``, until that
-    file exists, ``seconds`` at most: a writer slow to start, e.g. compiling on a TPU, still meets the reads), and at least
-    ``MIN_READS`` times; report to stdout or ``out``."""
+    """Read ``path`` afresh in a loop for ``seconds`` after the first read (or, given ``stop``, until
+    that file exists, ``seconds`` at most: a writer slow to start, e.g. compiling on a TPU, still meets
+    the reads), and at least ``MIN_READS`` times; report to stdout or ``out``."""
     import time
     import jask
     _setup(scratch)

@@ -17,7 +17,7 @@ import jask
 import jask.optim
 from jask.hijax.array import is_disk_array
 from test_optim import _on_host, jitted_step, regression  # noqa: F401 (regression: the fixture)
-from test_reliability import _hidden, _leftovers, zygotes  # noqa: F401 (zygotes: the fixture)
+from test_reliability import _hidden, _leftovers, where_killed, zygotes  # noqa: F401 (zygotes: the fixture)
 import reliability_worker as rw
 
 
@@ -271,14 +271,19 @@ def test_sigkill_between_the_groups_commits_leaves_one_step(zygotes, tmp_path):
     dirs = [str(tmp_path / f"k{n}") for n in kills]
     for d in dirs:
         rw.make_inputs("optim-state", d)
-    results = list(zygotes.run([dict(base, dir=d, fault=f"*:{n}") for n, d in zip(kills, dirs)]))
+    results = list(zygotes.run([dict(base, dir=d, fault=f"*:{n}", trace=d + ".trace") for n, d in zip(kills, dirs)]))
     for (n, want), res, d in zip(kills.items(), results, dirs):
         assert res["signal"] == signal.SIGKILL, f"point {n}: {res}; {zygotes.log_tail()}"
+        where = where_killed(d + ".trace", [(p, None) for p in points], n)
         count, values = _open_step(d)
         if want == 0:
-            assert count is None and all(np.array_equal(v, r) for v, r in zip(values, ref[0]))
+            assert count is None and all(np.array_equal(v, r) for v, r in zip(values, ref[0])), where
         else:
-            assert _step_of(values, ref, count) == want, f"killed at point {n} ({points[n - 1]})"
+            try:
+                got = _step_of(values, ref, count)
+            except AssertionError as e:
+                raise AssertionError(f"killed at point {n} ({points[n - 1]}): {e}\n{where}") from None
+            assert got == want, f"killed at point {n} ({points[n - 1]}): step {got}, not {want}\n{where}"
         del values
         gc.collect()
     reruns = list(zygotes.run([dict(base, dir=d) for d in dirs]))    # the same script, continued

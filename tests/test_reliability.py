@@ -132,6 +132,20 @@ def zygotes(tmp_path_factory):
     z.close()
 
 
+def where_killed(trace, points, n) -> str:
+    """A kill run's own fault points (its ``trace``) against the dry run's ``points``, for failure messages:
+    whether the kill at point ``n`` landed where the dry run's numbering says."""
+    with open(trace) as f:
+        passed = [json.loads(line) for line in f]
+    names, dry = [p for p, _ in passed], [p for p, _ in points[:n]]
+    if names == dry:
+        return f"the kill run passed the dry run's first {n} points and died at {dry[-1]} ({passed[-1][1]})"
+    first = next((i for i, (a, b) in enumerate(zip(names, dry)) if a != b), min(len(names), len(dry)))
+    return (f"the kill run's points differ from the dry run's from point {first + 1}: it passed "
+            f"{names[first:first + 6]} where the dry run passed {dry[first:first + 6]}; it died at its point "
+            f"{len(names)} ({names[-1] if names else None}), not at {n} ({dry[-1]})")
+
+
 def _read_back(path):
     """The array at ``path`` as a fresh process sees it (``from_zarr`` recovers first), or None if absent."""
     try:
@@ -207,11 +221,14 @@ def _kill_at_every_point(zygotes, tmp_path, scenario, durability):
     dirs = [str(tmp_path / f"k{n}") for n in kill_at]
     for d in dirs:
         rw.make_inputs(scenario, d)
-    results = zygotes.run([dict(base, dir=d, fault=f"*:{n}") for n, d in zip(kill_at, dirs)])
+    results = zygotes.run([dict(base, dir=d, fault=f"*:{n}", trace=d + ".trace") for n, d in zip(kill_at, dirs)])
     for n, res, d in zip(kill_at, results, dirs):
         assert res["signal"] == signal.SIGKILL, \
             f"point {n} ({points[n - 1][0]}): child ended with {res}, not SIGKILL; {zygotes.log_tail()}"
-        _check_kill_dir(d, scenario, swap_at, n)
+        try:
+            _check_kill_dir(d, scenario, swap_at, n)
+        except AssertionError as e:
+            raise AssertionError(f"{e}\n{where_killed(d + '.trace', points, n)}") from None
 
     # Scratch hygiene: killed children's scratch folders (each lists the user paths it wrote beside)
     # are swept by the next process using the dir.

@@ -124,3 +124,110 @@ def test_an_io_error_syncing_a_group_log_leaves_every_array_old(params, tmp_path
         assert sorted(os.listdir(tmp_path)) == ["b.zarr", "w.zarr"], f"fsync {n}: the group is withdrawn"
     del p
     gc.collect()
+
+
+_KILL_AFTER_FIRST_SWAP = """
+import os, signal, sys
+import jask
+from jask.io import faults
+jask.config.update("tile", 4)
+seen = []
+def hook(point, info):
+    seen.append(point)
+    if point == "after_swap" and "after_group_log" in seen:     # the group's first target is in place
+        os.kill(os.getpid(), signal.SIGKILL)
+faults.arm(hook)
+w, b = (jask.from_zarr(p, mode="r+") for p in sys.argv[1:3])
+jask.update_all([w, b], [w + 1.0, b + 1.0])
+"""
+
+
+def test_a_dead_writers_group_rolls_forward_though_its_pid_is_taken(params, tmp_path, monkeypatch):
+    """A writer killed between its group's swaps, its pid since given to a new process (the pid in the log's
+    name then looks alive): the next open still finishes the group, because the writer's lock on its logs
+    died with it. Before, the group stayed half swapped, one target new and one old, until a later open."""
+    import signal
+    import subprocess
+    import sys
+    from jask.io import groups
+    paths, values = params
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [os.getcwd(), os.environ.get("PYTHONPATH")])))
+    proc = subprocess.run([sys.executable, "-c", _KILL_AFTER_FIRST_SWAP, paths["w"], paths["b"]], env=env,
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode == -signal.SIGKILL, proc.stderr[-2000:]
+    assert len([n for n in os.listdir(tmp_path) if ".jask-group-" in n]) == 2, os.listdir(tmp_path)
+    np.testing.assert_array_equal(zarr.open_array(paths["w"], mode="r")[...], values["w"] + 1)   # half swapped
+    np.testing.assert_array_equal(zarr.open_array(paths["b"], mode="r")[...], values["b"])
+    monkeypatch.setattr(groups, "owner_gone", lambda pid, path: False)     # the pid names a live process now
+    for k in ("b", "w"):
+        np.testing.assert_array_equal(np.asarray(jask.from_zarr(paths[k])), values[k] + 1, err_msg=k)
+    assert [n for n in os.listdir(tmp_path) if ".jask-group" in n] == []
+
+
+def test_a_live_writers_group_is_left_to_it(params, tmp_path, monkeypatch):
+    """While a group commit is between its swaps (paused in another thread), recovery does not touch it, even
+    where the pid test would call its writer gone: the writer's lock on its logs decides. Then it finishes."""
+    import threading
+    from jask.io import faults, groups
+    paths, values = params
+    p = {k: jask.from_zarr(v, mode="r+") for k, v in paths.items()}
+    swapped, go = threading.Event(), threading.Event()
+
+    first = []
+
+    def pause(point, info):
+        if point == "after_swap" and not swapped.is_set():
+            first.append(info["path"])
+            swapped.set()
+            assert go.wait(60)
+    errors = []
+
+    def commit():
+        try:
+            jask.update_all(p, {k: x + 1.0 for k, x in p.items()})
+        except BaseException as e:
+            errors.append(e)
+    with faults.armed(pause):
+        t = threading.Thread(target=commit)
+        t.start()
+        assert swapped.wait(60)
+        monkeypatch.setattr(groups, "owner_gone", lambda pid, path: True)
+        assert groups.roll_forward(paths["b"]) == [] and groups.roll_forward(paths["w"]) == []
+        (waiting,) = [k for k in paths if os.path.abspath(paths[k]) != os.path.abspath(first[0])]
+        np.testing.assert_array_equal(zarr.open_array(paths[waiting], mode="r")[...], values[waiting])  # untouched
+        go.set()
+        t.join(60)
+    assert not errors, errors
+    for k, v in values.items():
+        np.testing.assert_array_equal(np.asarray(p[k]), v + 1, err_msg=k)
+
+
+@pytest.mark.parametrize("where", ["after the first swap", "between the second target's renames"])
+def test_an_error_between_the_swaps_is_finished_by_the_next_open(params, tmp_path, monkeypatch, where):
+    """A group commit that raises after its first swap (the writer alive): the error reaches the caller, and
+    the next open of either target, in the same process, finishes the group: both new, never one of each.
+    Also when the second target's two-rename swap (no RENAME_EXCHANGE) fails with its old folder aside:
+    the old one goes back, and its new folder is kept for recovery instead of removed."""
+    import errno
+    from jask.io import exchange, faults
+    paths, values = params
+    if where != "after the first swap":
+        monkeypatch.setattr(exchange, "USE_EXCHANGE", False)
+    p = {k: jask.from_zarr(v, mode="r+") for k, v in paths.items()}
+    seen = []
+
+    def fail(point, info):
+        seen.append(point)
+        if "after_group_log" not in seen:
+            return
+        if where == "after the first swap" and point == "after_swap" and seen.count("after_swap") == 1 or \
+                point == "after_old_aside" and seen.count("after_old_aside") == 2:
+            raise OSError(errno.EIO, f"injected {where}")
+    with faults.armed(fail):
+        with pytest.raises(OSError, match=f"injected {where}"):
+            jask.update_all(p, {k: x + 1.0 for k, x in p.items()})
+    for k in ("b", "w"):
+        np.testing.assert_array_equal(np.asarray(jask.from_zarr(paths[k])), values[k] + 1, err_msg=k)
+    del p
+    gc.collect()
+    assert [n for n in os.listdir(tmp_path) if ".jask-group" in n] == []

@@ -8,17 +8,21 @@ then are the folders swapped in, one by one; the marks and logs go last.
 Should the process die in between, :func:`roll_forward` (run by every
 ``recover`` of any of the paths, so by ``from_zarr``, writes and scratch sweeps)
 finds the log of the ended process and swaps in each new folder still waiting,
-found by its mark. The commit point is the last log written: a group one of
-whose logs is missing or cut short was killed while writing them (no swap
-yet), so its logs are removed instead (otherwise a target without a log,
-opened first, would have its new folder swept as a leftover, and a target
-with one, opened later, be rolled forward: a mix). Before that point the
-new folders are ordinary leftovers, swept as such, and every target keeps
-its old value.
+found by its mark. The writer holds a ``flock`` on each log until the logs
+are gone, so "ended" is the lock being free, not a guess from the pid. The
+commit point is the last log written: a group one of whose logs is missing
+or cut short was killed while writing them (no swap yet), so its logs are
+removed instead (otherwise a target without a log, opened first, would have
+its new folder swept as a leftover, and a target with one, opened later, be
+rolled forward: a mix). Before that point the new folders are ordinary
+leftovers, swept as such, and every target keeps its old value. After it,
+a swap that fails (the writer alive) keeps the new folders and frees the
+logs, so the next open of any target finishes the group.
 """
 from __future__ import annotations
 
 import contextlib
+import errno
 import fcntl
 import json
 import os
@@ -51,16 +55,54 @@ def _unmark(folder: str) -> None:
         pass
 
 
-def _write_logs(finals, token: str, power: bool) -> None:
-    """One log per target naming the whole group; with ``power`` each log and its folder fsynced."""
-    text = json.dumps({"token": token, "targets": finals})
-    for final in finals:
-        with open(_log_name(final, token), "w") as f:
-            f.write(text)
-        if power:
-            durable.sync_file(_log_name(final, token), final)
-    for final in {os.path.dirname(f): f for f in finals}.values() if power else ():
-        durable.sync_parent(final)   # each folder holding logs, once
+def _write_logs(finals, token: str, power: bool) -> list[int]:
+    """One log per target naming the whole group, each locked (``flock``) by this process; returns the locks.
+
+    A log appears under its name already locked: it is written under a
+    ``-glog-`` name, locked, then renamed, and the lock lives as long as this
+    process holds it or lives. So a recoverer that can take a log's lock knows
+    its writer has ended, whatever the pid in its name now names (a pid reused
+    by a new process kept a dead writer's group half swapped). With ``power``
+    each log and its folder are fsynced.
+    """
+    text = json.dumps({"token": token, "targets": finals}).encode()
+    held = []
+    try:
+        for final in finals:
+            head, name = os.path.split(final)
+            writing = os.path.join(head, f".{name}.jask-glog-{token}")
+            fd = os.open(writing, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+            held.append(fd)
+            _lock(fd, blocking=True)
+            os.write(fd, text)
+            os.rename(writing, _log_name(final, token))
+            if power:
+                durable.sync_file(_log_name(final, token), final)
+        for final in {os.path.dirname(f): f for f in finals}.values() if power else ():
+            durable.sync_parent(final)   # each folder holding logs, once
+    except BaseException:
+        _release(held)
+        raise
+    return held
+
+
+def _lock(fd: int, blocking: bool) -> bool | None:
+    """Take ``fd``'s exclusive lock: False if another open file holds it, True if taken or the
+    filesystem has no locks (then the pid in the log's name decides, :func:`roll_forward`)."""
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | (0 if blocking else fcntl.LOCK_NB))
+    except BlockingIOError:
+        return False
+    except OSError as e:
+        if e.errno not in (errno.ENOLCK, errno.EOPNOTSUPP, errno.ENOSYS, errno.EINVAL):
+            raise
+        return None
+    return True
+
+
+def _release(fds) -> None:
+    for fd in fds:
+        os.close(fd)
 
 
 def commit_group(pendings, commit_one, power: bool = False) -> list:
@@ -82,37 +124,51 @@ def commit_group(pendings, commit_one, power: bool = False) -> list:
             p.abort()
         raise
     try:
-        _write_logs(finals, token, power)
+        held = _write_logs(finals, token, power)
     except BaseException:   # no swap yet: the group is withdrawn, so no later recovery rolls it forward
         for final in finals:
-            with contextlib.suppress(FileNotFoundError):
-                os.unlink(_log_name(final, token))
+            head, name = os.path.split(final)
+            for log in (_log_name(final, token), os.path.join(head, f".{name}.jask-glog-{token}")):
+                with contextlib.suppress(FileNotFoundError):
+                    os.unlink(log)
         for p in pendings:
             p.abort()
         raise
-    if faults.hook is not None:
-        faults.fire("after_group_log", path=finals[0])
-    stores = [commit_one(p) for p in pendings]
-    for final in finals:
-        _unmark(final)
-    for final in finals:
-        os.unlink(_log_name(final, token))
+    for p in pendings:      # the commit point is passed: a failed swap leaves its new folder to recovery
+        p.keep()
+    try:
+        if faults.hook is not None:
+            faults.fire("after_group_log", path=finals[0])
+        stores = [commit_one(p) for p in pendings]
+        for final in finals:
+            _unmark(final)
+        for final in finals:
+            os.unlink(_log_name(final, token))
+    finally:
+        _release(held)        # on an error mid-swap too: the next open of a target then finishes the group
     return stores
 
 
 def roll_forward(path: str) -> list[str]:
     """Finish the group commits an ended process left half done on ``path``; returns the logs handled."""
+    for writing in _siblings(path, "glog"):     # a log a killed writer never renamed: no swap happened
+        pid = sibling_owner(writing)
+        if pid is not None and owner_gone(pid, writing):
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(writing)
     handled = []
     for log in _siblings(path, "group"):
         pid = sibling_owner(log)
-        if pid is None or not owner_gone(pid, log):
+        if pid is None:
             continue
         try:
             fd = os.open(log, os.O_RDONLY)
         except OSError:
             continue
         try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)     # one recoverer at a time
+            locked = _lock(fd, blocking=False)   # held by its live writer, or by another recoverer
+            if locked is False or (locked is None and not owner_gone(pid, log)):
+                continue
             entry = _read_log(log)
             if entry is None or not all(_read_log(_log_name(f, entry["token"])) == entry for f in entry["targets"]):
                 _roll_back(log, entry)

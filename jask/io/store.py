@@ -184,7 +184,7 @@ class PendingStore:
             recover(self.final_path, keep_resumable=resume)
         early = durable.start_writeback if user and durable.mode() == "power" else None
         self.tmp_path = _sibling(self.final_path, "tmp")
-        self._finished = self._synced = False           # complete()
+        self._finished = self._synced = self._kept = False     # complete(), keep()
         shards = None if shards is None else tuple(int(s) for s in shards)
         if shards is not None:
             check_shards(shape, chunks, shards)
@@ -236,8 +236,14 @@ class PendingStore:
         return self._journal is not None and self._journal.covers(region)
 
     def abort(self) -> None:
-        """Remove the hidden folder (idempotent; a no-op once committed)."""
+        """Remove the hidden folder (idempotent; a no-op once committed or kept)."""
         self._finalizer()
+
+    def keep(self) -> None:
+        """Never remove the new folder from now on, even when the commit fails: a group commit past its
+        commit point (:mod:`jask.io.groups`) needs it for the recovery that finishes the group."""
+        self._kept = True
+        self._finalizer.detach()
 
     def complete(self, power: bool) -> None:
         """Finish the writes (last chunks, shard indexes) and with ``power`` fsync the folder; each once."""
@@ -319,8 +325,9 @@ class PendingStore:
             return aside
         ready = _sibling(final, "new")           # no RENAME_EXCHANGE here: two renames
         os.rename(self.tmp_path, ready)
-        self._finalizer.detach()
-        self._finalizer = weakref.finalize(self, remove_tree, ready)
+        if not self._kept:
+            self._finalizer.detach()
+            self._finalizer = weakref.finalize(self, remove_tree, ready)
         if faults.hook is not None:
             faults.fire("after_new_ready", path=final)
         aside = _sibling(final, "old")
