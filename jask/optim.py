@@ -179,7 +179,8 @@ def update_params(params, new_params, resume: bool = False, state=None, state_pa
     count alike, in the same group as the parameters (local stores opened
     ``mode="r+"``), and leaves ``state``'s DiskArrays reading the committed
     stores: a job killed at any point restarts (:func:`load_state`) with
-    parameters and state of one step. See :mod:`jask.optim_state`.
+    parameters and state of one step. From then on, those stores refuse a
+    commit without the state while the folder exists. See :mod:`jask.optim_state`.
     """
     targets = _leaves(params)
     values = _leaves(new_params)

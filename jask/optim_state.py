@@ -18,6 +18,10 @@ step n but zeroed moments and count: another trajectory. So:
   group forward), all of them at step n or all at step n+1.
 - :func:`load_state` reopens the folder in a new process against a template
   (``opt.init(params)``), refusing one of another structure, shape or dtype.
+- Every store of the group records the folder (``jask`` attribute
+  ``optimizer_state``, :func:`jask.api.sinks.checkpoint_of`); a commit of one
+  of them without the state is refused while the folder exists, since it
+  would leave the checkpoint a step behind.
 
 The state's DiskArray leaves are user stores opened ``mode="r+"``: under
 ``jax.jit`` they are plain DiskArray arguments (their JAX type is shape and
@@ -32,7 +36,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from jask.api.sinks import to_zarr, update_all
+from jask.api.sinks import commit_together, to_zarr
 from jask.api.sources import from_numpy, from_zarr
 from jask.config import config
 from jask.graph.nodes import StoredNode
@@ -262,7 +266,8 @@ def commit(targets: list, values: list, state, path, resume: bool = False) -> No
             v = v + jnp.zeros((), v.dtype)
         seen.add(id(v._node.resolved()))
         leaf_values.append(v)
-    update_all(list(targets) + leaf_targets, list(values) + leaf_values, resume=resume)
+    commit_together(list(targets) + leaf_targets, list(values) + leaf_values, resume=resume,
+                    checkpoint=os.path.abspath(path))
     for (d, leaf), t in zip(stored, leaf_targets):
         if d["on_disk"]:
             leaf._node = t._node        # the new state stands for its committed copy, as persist's arrays do

@@ -4,6 +4,8 @@ commits leaves parameters and state of one step, and a folder of another state i
 import gc
 import json
 import os
+import re
+import shutil
 import signal
 
 import jax
@@ -115,6 +117,39 @@ def test_a_checkpointed_step_is_one_pass(tmp_path, small_tiles):
     jask.optim.update_params(w, w * 1.0, state=fresh, state_path=ckpt)
     again = jask.optim.load_state(opt.init(w), ckpt)
     assert int(again.count) == 0 and not np.asarray(again.mu).any() and not np.asarray(again.nu).any()
+
+
+def test_a_checkpointed_store_is_not_committed_alone(tmp_path, small_tiles):
+    """After a commit with the state, committing a parameter or a state leaf without it (update_params without
+    state=, update_, update_all) would leave the checkpoint a step behind: refused by name before anything is
+    computed or written. Committing with the state still works; a removed checkpoint frees them."""
+    _start(tmp_path / "run", 12, 8)
+    w = jask.from_zarr(os.path.join(tmp_path / "run", "w.zarr"), mode="r+")
+    opt = jask.optim.adam(0.1)
+    ckpt = str(tmp_path / "ckpt")
+    state = jask.optim.checkpoint_state(opt.init(w), ckpt)
+    updates, state = opt.update(w - 1.0, state, w)
+    jask.optim.update_params(w, jask.optim.apply_updates(w, updates), state=state, state_path=ckpt)
+    before = _files(tmp_path)
+    said = re.escape(f"is committed together with the optimizer state checkpointed at {ckpt}; commit it with "
+                     f"jask.optim.update_params(params, new_params, state=new_state, state_path='{ckpt}')")
+    with jask.profile() as p:
+        with pytest.raises(ValueError, match=r"update_all: .*w\.zarr " + said):
+            jask.optim.update_params(w, w + 1.0)
+        with pytest.raises(ValueError, match=r"update_: .*w\.zarr " + said):
+            w.update_(w + 1.0)
+        with pytest.raises(ValueError, match=r"update_all: .*leaf-1\.zarr " + said):
+            jask.update_all([state.mu], [state.mu * 2.0])
+    assert p.plans == 0 and p.bytes_read == 0
+    gc.collect()
+    assert _files(tmp_path) == before
+    updates, state = opt.update(w - 1.0, state, w)                   # with the state: as before
+    jask.optim.update_params(w, jask.optim.apply_updates(w, updates), state=state, state_path=ckpt)
+    assert int(jask.optim.load_state(opt.init(w), ckpt).count) == 2
+    shutil.rmtree(ckpt)                                              # no checkpoint: nothing to keep in step
+    value = np.asarray(w) + 1
+    jask.optim.update_params(w, w + 1.0)
+    np.testing.assert_array_equal(np.asarray(w), value)
 
 
 def test_optax_state_with_schedule_round_trips(regression, tmp_path, small_tiles):

@@ -1,7 +1,8 @@
 #!/bin/bash
 # One call on the lent GPU machine: install carried wheels, then run each check capped, logs to $OUT.
 # From the project root: bash tpu_tests/gpu-check.sh [quick|bands|scale]  (carry .whl: zarr, numcodecs, donfig,
-# google-crc32c, dask, partd, locket for cp312). Each step is capped so the whole call ends in ~7 min;
+# google-crc32c, dask, partd, locket for cp312; lazy-importer too where importlib_metadata is new enough to
+# need it, as the TPU machine's was on 2026-12-06). Each step is capped so the whole call ends in ~7 min;
 # "quick" (~1 min) runs only the jitted main job on both backends and tpu_tests/test_windows_hw.py.
 # "bands" (~2 min) compares a product's tiles in bands of block rows with row-major, out of core.
 # "scale" (~2 min) runs only issue 16's process scaling on the machine's CPU cores (no GPU): sum with 1,

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import math
+import os
 
 import jax
 import numpy as np
@@ -137,7 +138,25 @@ def rechunk(x, chunks, shards=None) -> DiskArray:
     return DiskArray(node=stored)
 
 
-def _check_update(target, new_value, call: str = "update_") -> None:
+CHECKPOINT = "optimizer_state"   # ``jask`` attribute of a store committed with an optimizer checkpoint: its folder
+
+
+def checkpoint_of(target) -> str | None:
+    """The optimizer checkpoint folder ``target``'s store is committed together with, if that folder still exists.
+
+    ``jask.optim.update_params(..., state=, state_path=)`` writes it into every
+    store of its group (parameters and state leaves). Committing one of them
+    alone would leave the checkpoint a step behind, so that is refused.
+    """
+    store = getattr(target._node.resolved(), "store", None)
+    try:
+        link = store.array.attrs.get("jask", {}).get(CHECKPOINT)
+    except AttributeError:
+        return None
+    return link if isinstance(link, str) and os.path.isdir(link) else None
+
+
+def _check_update(target, new_value, call: str = "update_", checkpoint: str | None = None) -> None:
     if not isinstance(target, DiskArray) or target._node is None:
         raise TypeError(f"{call} must be called eagerly on a DiskArray (not inside jit)")
     _require(call, new_value)
@@ -146,6 +165,12 @@ def _check_update(target, new_value, call: str = "update_") -> None:
     if new_value.shape != target.shape or new_value.dtype != target.dtype:
         raise ValueError(f"{call}: new value has shape {new_value.shape} and dtype {new_value.dtype}, "
                          f"but the array has shape {target.shape} and dtype {target.dtype}")
+    linked = checkpoint_of(target)
+    if linked is not None and linked != checkpoint:
+        raise ValueError(f"{call}: {target._node.resolved().store.path} is committed together with the optimizer "
+                         f"state checkpointed at {linked}; commit it with jask.optim.update_params(params, "
+                         f"new_params, state=new_state, state_path={linked!r}) so that parameters and state stay "
+                         f"at one step (or remove {linked} to stop checkpointing)")
 
 
 def update_(target: DiskArray, new_value, resume: bool = False) -> None:
@@ -197,6 +222,12 @@ def update_all(targets, new_values, resume: bool = False) -> None:
     :func:`update_`). Targets must be user stores in local folders opened with
     ``mode="r+"``; scratch targets are simply updated afterwards.
     """
+    commit_together(targets, new_values, resume)
+
+
+def commit_together(targets, new_values, resume: bool = False, checkpoint: str | None = None) -> None:
+    """:func:`update_all`; with ``checkpoint`` (an optimizer checkpoint's folder, :mod:`jask.optim_state`)
+    every store of the group records it, and stores that recorded it may be committed."""
     ts = jax.tree.leaves(targets, is_leaf=is_disk_array)
     vs = jax.tree.leaves(new_values, is_leaf=is_disk_array)
     if jax.tree.structure(targets, is_leaf=is_disk_array) != jax.tree.structure(new_values, is_leaf=is_disk_array):
@@ -204,7 +235,7 @@ def update_all(targets, new_values, resume: bool = False) -> None:
     _check_resume("update_all", resume)
     group, rest = [], []
     for t, v in zip(ts, vs):
-        _check_update(t, v, "update_all")
+        _check_update(t, v, "update_all", checkpoint)
         old = t._node.resolved()
         (group if isinstance(old, StoredNode) and not old.store.owned else rest).append((t, v))
     stores = [t._node.resolved().store for t, _ in group]
@@ -226,7 +257,8 @@ def update_all(targets, new_values, resume: bool = False) -> None:
         def sink(node, tile):
             st = target_of[id(node.resolved())]
             return PathSink(node, tile, st.path, overwrite=True, writable=True, chunks=st.chunks,
-                            shards=st.shards, resume=resume, defer_commit=True)
+                            shards=st.shards, resume=resume, defer_commit=True,
+                            attributes={CHECKPOINT: checkpoint} if checkpoint else None)
         pendings = run([v._node for _, v in group], sink)
         committed = commit_group(pendings, lambda p: p.commit(owned=False, replace=True, writable=True),
                                  power=config.durability == "power")

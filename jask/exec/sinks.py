@@ -55,11 +55,11 @@ class PathSink:
     counts_io = True
 
     def __init__(self, node, tile, path, overwrite=False, writable=False, chunks=None, compressors=None,
-                 shards=None, storage_options=None, resume=False, defer_commit=False):
+                 shards=None, storage_options=None, resume=False, defer_commit=False, attributes=None):
         self.overwrite, self.writable, self.defer_commit = overwrite, writable, defer_commit
         self.pending = new_pending(path, node.shape, node.dtype, chunks or block_shape(node.shape, tile),
                                    compressors=compressors, shards=shards, storage_options=storage_options,
-                                   resume=resume)
+                                   resume=resume, attributes=attributes)
         # resume=True: the executor skips tiles a killed earlier write already put on disk
         self.done = self.pending.done if resume else None
 

@@ -40,6 +40,12 @@ def _log_name(final: str, token: str) -> str:
     return os.path.join(head, f".{name}.jask-group-{token}")
 
 
+def _writing_name(final: str, token: str) -> str:
+    """Where a log is written and locked before it is renamed to :func:`_log_name`."""
+    head, name = os.path.split(final)
+    return os.path.join(head, f".{name}.jask-glog-{token}")
+
+
 def _mark_of(folder: str) -> str | None:
     try:
         with open(os.path.join(folder, MARK)) as f:
@@ -69,13 +75,11 @@ def _write_logs(finals, token: str, power: bool) -> list[int]:
     held = []
     try:
         for final in finals:
-            head, name = os.path.split(final)
-            writing = os.path.join(head, f".{name}.jask-glog-{token}")
-            fd = os.open(writing, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+            fd = os.open(_writing_name(final, token), os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
             held.append(fd)
             _lock(fd, blocking=True)
             os.write(fd, text)
-            os.rename(writing, _log_name(final, token))
+            os.rename(_writing_name(final, token), _log_name(final, token))
             if power:
                 durable.sync_file(_log_name(final, token), final)
         for final in {os.path.dirname(f): f for f in finals}.values() if power else ():
@@ -87,7 +91,7 @@ def _write_logs(finals, token: str, power: bool) -> list[int]:
 
 
 def _lock(fd: int, blocking: bool) -> bool | None:
-    """Take ``fd``'s exclusive lock: False if another open file holds it, True if taken or the
+    """Take ``fd``'s exclusive lock: True if taken, False if another open file holds it, None where the
     filesystem has no locks (then the pid in the log's name decides, :func:`roll_forward`)."""
     try:
         fcntl.flock(fd, fcntl.LOCK_EX | (0 if blocking else fcntl.LOCK_NB))
@@ -127,8 +131,7 @@ def commit_group(pendings, commit_one, power: bool = False) -> list:
         held = _write_logs(finals, token, power)
     except BaseException:   # no swap yet: the group is withdrawn, so no later recovery rolls it forward
         for final in finals:
-            head, name = os.path.split(final)
-            for log in (_log_name(final, token), os.path.join(head, f".{name}.jask-glog-{token}")):
+            for log in (_log_name(final, token), _writing_name(final, token)):
                 with contextlib.suppress(FileNotFoundError):
                     os.unlink(log)
         for p in pendings:

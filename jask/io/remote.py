@@ -65,11 +65,13 @@ def resolve(path_or_url, storage_options, what: str):
 
 
 def new_pending(path_or_url, shape, dtype, chunks, compressors=None, shards=None, storage_options=None,
-                what: str = "to_zarr", resume: bool = False):
-    """A pending store at a local path (:class:`PendingStore`) or a URL (:class:`RemotePendingStore`)."""
+                what: str = "to_zarr", resume: bool = False, attributes=None):
+    """A pending store at a local path (:class:`PendingStore`) or a URL (:class:`RemotePendingStore`);
+    ``attributes``: more ``jask`` attributes, local stores only (an optimizer checkpoint's link)."""
     where = parse(path_or_url, what)
     if not isinstance(where, Location):
-        return PendingStore(where, shape, dtype, chunks, compressors=compressors, shards=shards, resume=resume)
+        return PendingStore(where, shape, dtype, chunks, compressors=compressors, shards=shards, resume=resume,
+                            attributes=attributes)
     if resume:
         raise ValueError(f"{what}: resume=True works for local folders only, not for the store URL {where}")
     return RemotePendingStore(where, shape, dtype, chunks, compressors, shards, storage_options, what)

@@ -170,7 +170,8 @@ class PendingStore:
     by appending, instead of zarr-python rewriting a shard for every tile).
     """
 
-    def __init__(self, final_path: str, shape, dtype, chunks, compressors=None, shards=None, resume=False):
+    def __init__(self, final_path: str, shape, dtype, chunks, compressors=None, shards=None, resume=False,
+                 attributes=None):
         self.final_path = os.path.abspath(final_path)
         self.what = describe_array(shape, dtype, self.final_path)
         os.makedirs(os.path.dirname(self.final_path), exist_ok=True)
@@ -194,7 +195,7 @@ class PendingStore:
                 self.tmp_path, shape=tuple(shape), dtype=dtypes.storage_dtype(dtype), chunks=tuple(chunks),
                 shards=shards, compressors=compressors, fill_value=0, zarr_format=3,
                 config={"write_empty_chunks": True},
-                attributes={"jask": {"dense": True, **dtypes.dtype_attributes(dtype)}})
+                attributes={"jask": {"dense": True, **dtypes.dtype_attributes(dtype), **(attributes or {})}})
             self._writer = make_chunk_writer(self.array, self.tmp_path, on_written=early)
             self._journal = None                         # resume=True: chunks on disk (jask.io.resume)
             if resume and isinstance(self._writer, ChunkFileWriter):
