@@ -104,6 +104,43 @@ def test_batches_read_only_their_rows_and_compile_once(small_tiles):
     assert [int(b[-1]) for b in jask.batches(ys, batch_size=6, drop_last=False)] == [5, 11, 17, 19]
 
 
+def test_a_shuffle_buffer_mixes_rows_across_batches_and_reads_each_row_once(small_tiles):
+    """``shuffle_buffer=3``: each epoch yields every row once, the rows of X and y still paired, batches of
+    the same sizes; rows of different batches of the order are dealt together (other partners each epoch,
+    the same for the same seed and epoch), and the bytes read are the batches' rows, as without it."""
+    X, y = _arr((30, 8)), np.arange(30, dtype=np.int32)
+    xs, ys = jask.from_numpy(X), jask.from_numpy(y)
+    plain = list(jask.batches(ys, batch_size=4, shuffle=5, epoch=0))
+
+    def epoch(e, drop_last=True):
+        with jask.profile() as p:
+            got = list(jask.batches(xs, ys, batch_size=4, shuffle=5, epoch=e, shuffle_buffer=3, drop_last=drop_last))
+        return got, p.bytes_read
+
+    got, read = epoch(0)
+    assert [len(yb) for _, yb in got] == [4] * 7 and all(xb.shape == (4, 8) for xb, _ in got)
+    for xb, yb in got:
+        np.testing.assert_array_equal(xb, X[yb])                       # the arrays' rows dealt alike
+    rows = np.concatenate([yb for _, yb in got])
+    assert sorted(rows) == list(range(28))                              # each row of the 7 batches, once
+    assert read == 28 * (8 * 4 + 4)
+    for k in range(0, 7, 3):        # a group deals the rows of the same 3 batches as the order without mixing
+        assert sorted(np.concatenate([yb for _, yb in got[k:k + 3]])) == sorted(np.concatenate(plain[k:k + 3]))
+    assert any(len({int(r) // 4 for r in yb}) > 1 for _, yb in got)     # rows of several batches together
+    again, _ = epoch(0)
+    assert all(np.array_equal(a[1], b[1]) for a, b in zip(got, again))  # reproducible
+    other, _ = epoch(1)
+    assert any(not np.array_equal(a[1], b[1]) for a, b in zip(got, other))
+    tail, read = epoch(0, drop_last=False)
+    assert sorted(len(yb) for _, yb in tail) == [2] + [4] * 7 and read == 30 * (8 * 4 + 4)
+    assert sorted(np.concatenate([yb for _, yb in tail])) == list(range(30))
+    for bad in (0, -2, 1.5, True):
+        with pytest.raises(ValueError, match="shuffle_buffer is a number of batches >= 1"):
+            jask.batches(xs, batch_size=4, shuffle=1, shuffle_buffer=bad)
+    with pytest.raises(ValueError, match="shuffle_buffer=3 shuffles rows with a seed; pass shuffle=SEED too"):
+        jask.batches(xs, batch_size=4, shuffle_buffer=3)
+
+
 def test_index_array_from_disk_and_reads_only_the_tiles_it_needs(small_tiles):
     A = _arr((32, 4))
     a = jask.from_numpy(A)

@@ -8,8 +8,12 @@ the store (counted in ``jask.profile()``), and the next batch is read on a
 background thread while the step computes.
 
 ``shuffle=seed`` permutes the order of the batches (a new order per epoch with
-``epoch=``), not rows across batches: random single rows would each read a
-whole chunk. Shuffle the rows once on disk when that matters.
+``epoch=``). Random single rows would each read a whole chunk, so rows are
+mixed the way streaming loaders do it: ``shuffle_buffer=k`` reads k batches
+of that order together and deals their rows out at random as k new batches.
+Each epoch groups other batches, so rows meet new partners every epoch, while
+the bytes read stay each batch's rows, once. It holds k batches in memory (2k
+while they are stacked) and reads the next k meanwhile.
 """
 from __future__ import annotations
 
@@ -37,17 +41,23 @@ def _stored(name, x):
     return node.store
 
 
-def batches(*arrays, batch_size, shuffle=None, epoch=0, drop_last=True):
+def batches(*arrays, batch_size, shuffle=None, epoch=0, drop_last=True, shuffle_buffer=1):
     """Yield row batches ``(x[i:i+b], y[i:i+b], ...)`` of DiskArrays with equal row counts, as NumPy arrays.
 
     With one array, yields arrays; with several, tuples. ``shuffle`` is a seed
     for the batch order (``epoch`` varies it per epoch), ``None`` keeps order.
+    ``shuffle_buffer=k`` (with ``shuffle``) also shuffles rows among each k
+    batches read together, the same rows of every array.
     """
     if not arrays:
         raise TypeError("batches needs at least one DiskArray")
     batch_size = int(batch_size)
     if batch_size < 1:
         raise ValueError(f"batches: batch_size must be >= 1, got {batch_size}")
+    if not isinstance(shuffle_buffer, (int, np.integer)) or isinstance(shuffle_buffer, bool) or shuffle_buffer < 1:
+        raise ValueError(f"batches: shuffle_buffer is a number of batches >= 1, got {shuffle_buffer!r}")
+    if shuffle_buffer > 1 and shuffle is None:
+        raise ValueError(f"batches: shuffle_buffer={shuffle_buffer} shuffles rows with a seed; pass shuffle=SEED too")
     rows = {a.shape[0] if isinstance(a, DiskArray) and a.ndim else None for a in arrays}
     stores = [_stored(f"argument {k}", a) for k, a in enumerate(arrays)]
     if len(rows) != 1:
@@ -58,22 +68,41 @@ def batches(*arrays, batch_size, shuffle=None, epoch=0, drop_last=True):
     if count == 0:
         raise ValueError(f"batches: {n} rows make no full batch of {batch_size}; use a smaller batch_size "
                          "or drop_last=False")
-    order = np.arange(count) if shuffle is None else np.random.default_rng([int(shuffle), int(epoch)]).permutation(count)
-    return _iterate(stores, [int(b) for b in order], batch_size, n, len(arrays) == 1)
+    rng = None if shuffle is None else np.random.default_rng([int(shuffle), int(epoch)])
+    order = np.arange(count) if rng is None else rng.permutation(count)
+    return _iterate(stores, [int(b) for b in order], batch_size, n, len(arrays) == 1, int(shuffle_buffer), rng)
 
 
-def _iterate(stores, order, batch_size, n, single):
+def _iterate(stores, order, batch_size, n, single, buffer, rng):
     requests = []
     for b in order:
         for k, store in enumerate(stores):
             reg = (slice(b * batch_size, min((b + 1) * batch_size, n)),) + tuple(slice(0, d) for d in store.shape[1:])
             requests.append(((b, k), _reader(store, reg)))
-    with Prefetcher(requests, depth=2 * len(stores), count=count_events) as stream:
+    per_group = buffer * len(stores)
+    with Prefetcher(requests, depth=max(2 * len(stores), per_group), count=count_events) as stream:
         while True:
-            got = [value for _, value in _take(stream, len(stores))]
+            got = [value for _, value in _take(stream, per_group)]
             if not got:
                 return
-            yield got[0] if single else tuple(got)
+            group = [got[i:i + len(stores)] for i in range(0, len(got), len(stores))]
+            del got
+            for one in (_deal(group, rng) if buffer > 1 else group):
+                yield one[0] if single else tuple(one)
+
+
+def _deal(group, rng):
+    """The rows of a group of batches (each a list with one block per array), permuted alike in every
+    array and dealt out again in batches of the same sizes, one at a time."""
+    sizes = [len(batch[0]) for batch in group]
+    perm = rng.permutation(sum(sizes))
+    stacked = [np.concatenate([batch[k] for batch in group]) for k in range(len(group[0]))]
+    group.clear()                       # the blocks as read go: the group is held once, stacked
+    start = 0
+    for size in sizes:
+        rows = perm[start:start + size]
+        start += size
+        yield [s[rows] for s in stacked]
 
 
 def _take(stream, k):
