@@ -750,6 +750,63 @@ def test_foreign_compressed_store_missing_chunk_is_fill_value(small_tiles, tmp_p
     assert float(jask.sum(jask.from_zarr(p))) == float(want.sum())
 
 
+# ---------------------------------------------------------------- the two-rename swap's lock
+
+def test_a_dead_writers_two_rename_swap_is_finished_though_its_pid_is_taken(zygotes, tmp_path, monkeypatch):
+    """Without RENAME_EXCHANGE a writer killed between its two renames leaves the path missing and a
+    ``-new-`` sibling. With its pid since given to another process (the pid test forced to say alive),
+    the next open still finishes the swap at once: the writer's lock on the folder died with it.
+    Before, readers waited for the "live" writer and then found no array."""
+    folder = str(tmp_path / "k")
+    rw.make_inputs("update-fallback", folder)
+    (res,) = zygotes.run([dict(scenario="update-fallback", dir=folder, scratch=str(tmp_path / "scratch"),
+                               fault="after_old_aside:1")])
+    assert res["signal"] == signal.SIGKILL, zygotes.log_tail()
+    path = os.path.join(folder, "w.zarr")
+    assert not os.path.exists(path) and len(_hidden(folder)) >= 2, _hidden(folder)   # mid-swap
+    monkeypatch.setattr(recovery, "owner_gone", lambda pid, leftover: False)
+    assert not recovery.swap_in_progress(path)
+    _, new = rw.expected("update-fallback")["w.zarr"]
+    np.testing.assert_array_equal(np.asarray(jask.from_zarr(path)), new)
+    monkeypatch.undo()
+    gc.collect()
+    recovery.recover(path)
+    assert _hidden(folder) == []
+    jask.cleanup_scratch(str(tmp_path / "scratch"))              # the killed child's scratch folder
+
+
+def test_a_live_writers_two_rename_swap_is_left_to_it(small_tiles, tmp_path, monkeypatch):
+    """A writer paused between its two renames, in another thread of this process: recovery here leaves
+    the swap alone (before, its pid being this process's, recovery put the new folder in place under the
+    writer, whose second rename then failed), and readers wait for it; then it ends."""
+    monkeypatch.setattr(exchange_module, "USE_EXCHANGE", False)
+    path = str(tmp_path / "w.zarr")
+    jask.to_zarr(jask.from_numpy(np.ones((8, 8), np.float32)), path)
+    w = jask.from_zarr(path, mode="r+")
+    aside, go, errors = threading.Event(), threading.Event(), []
+
+    def pause(point, info):
+        if point == "after_old_aside":
+            aside.set()
+            assert go.wait(60)
+
+    def write():
+        try:
+            w.update_(w + 1.0)
+        except BaseException as e:
+            errors.append(e)
+    with faults.armed(pause):
+        t = threading.Thread(target=write)
+        t.start()
+        assert aside.wait(60)
+        recovery.recover(path)
+        assert not os.path.exists(path) and recovery.swap_in_progress(path)   # untouched, and "in progress"
+        go.set()
+        t.join(60)
+    assert not errors, errors
+    np.testing.assert_array_equal(np.asarray(jask.from_zarr(path)), np.full((8, 8), 2.0, np.float32))
+
+
 # ---------------------------------------------------------------- concurrent readers
 
 @pytest.mark.parametrize("exchange", [True, False])
@@ -840,12 +897,13 @@ def test_open_array_keeps_its_version_and_folder_when_replaced_from_outside(smal
 
 def test_open_waits_for_a_live_process_mid_swap(small_tiles, tmp_path, monkeypatch):
     """Between the two renames of another live process's swap, the path is missing: from_zarr waits
-    for it instead of taking the swap over."""
+    for it instead of taking the swap over. (The writer holds a lock on its new folder meanwhile.)"""
     assert owners.pid_alive(os.getppid())
     p = tmp_path / "x.zarr"
     jask.from_numpy(np.full((8, 8), 3.0, np.float32)).to_zarr(p)
     ready = tmp_path / f".x.zarr.jask-new-{os.getppid()}-abcdef"
     os.rename(p, ready)
+    writers_lock = pins.Pin(str(ready))
     monkeypatch.setattr(recovery, "SWAP_WAIT_SECONDS", 0.3)
     t0 = time.monotonic()
     with pytest.raises(FileNotFoundError):
@@ -856,3 +914,4 @@ def test_open_waits_for_a_live_process_mid_swap(small_tiles, tmp_path, monkeypat
     monkeypatch.setattr(recovery, "SWAP_WAIT_SECONDS", 10.0)
     threading.Timer(0.2, os.rename, (ready, p)).start()    # the other process finishes its swap
     np.testing.assert_array_equal(np.asarray(jask.from_zarr(p)), 3.0)
+    writers_lock.release()

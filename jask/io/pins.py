@@ -115,6 +115,24 @@ def pin_current(path: str) -> Pin:
     raise OSError(f"{path} is being replaced faster than it can be opened")
 
 
+def held(path: str) -> bool | None:
+    """Whether some open file holds a lock on the folder ``path`` (a pin, or a writer between the two
+    renames of its swap); None where it cannot be told (no such folder, or no ``flock`` there)."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
+    except OSError:
+        return None
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        return False
+    except BlockingIOError:
+        return True
+    except OSError:
+        return None
+    finally:
+        os.close(fd)
+
+
 def drop_retired(path: str) -> bool:
     """Delete a replaced folder unless some process still reads it (holds its lock); returns whether deleted."""
     try:

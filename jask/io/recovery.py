@@ -8,7 +8,7 @@ from __future__ import annotations
 import os
 import time
 
-from jask.io.pins import drop_retired, is_retired, remove_tree
+from jask.io.pins import drop_retired, held, is_retired, remove_tree
 from jask.io.owners import owner_gone, sibling_owner as _owner, siblings as _siblings
 from jask.io.groups import roll_forward
 from jask.io.resume import resumable
@@ -23,6 +23,14 @@ def _owner_alive(sibling: str) -> bool:
     return pid is not None and pid != os.getpid() and not owner_gone(pid, sibling)
 
 
+def _mid_swap(new: str) -> bool:
+    """Whether a writer is between the two renames of a swap with this ``-new-`` sibling: it holds a lock
+    on the folder meanwhile (:meth:`jask.io.store.PendingStore._swap`), which dies with it, so a pid
+    since given to another process does not count. Where locks cannot tell, the pid decides."""
+    locked = held(new)
+    return _owner_alive(new) if locked is None else locked
+
+
 def recover(path: str, keep_resumable: bool = True) -> list[str]:
     """Finish or undo a replacement of ``path`` that a crash interrupted, and sweep leftovers.
 
@@ -34,9 +42,9 @@ def recover(path: str, keep_resumable: bool = True) -> list[str]:
     """
     path = os.path.abspath(path)
     roll_forward(path)          # a dead process's group commit (jask.io.groups): all its swaps, first
-    if not os.path.exists(path):
+    if not os.path.exists(path) and not swap_in_progress(path):
         for kind in ("new", "old"):
-            found = [f for f in _siblings(path, kind) if not _owner_alive(f)]
+            found = [f for f in _siblings(path, kind) if kind == "new" or not _owner_alive(f)]
             if found:
                 try:
                     os.rename(found[-1], path)
@@ -65,15 +73,17 @@ def sweep(path: str, keep_resumable: bool = True) -> list[str]:
         pid = _owner(leftover)
         if ".jask-group-" in os.path.basename(leftover):
             continue                         # a live group commit's log (dead ones: roll_forward)
-        if pid is not None and owner_gone(pid, leftover) and not (keep_resumable and resumable(leftover)):
+        if pid is not None and owner_gone(pid, leftover) and not (keep_resumable and resumable(leftover)) \
+                and not held(leftover):            # locked: a writer mid-swap, whatever its pid says
             remove_tree(leftover)
             removed.append(leftover)
     return removed
 
 
 def swap_in_progress(path: str) -> bool:
-    """Whether a live process (not this one) is between the two renames of a swap of ``path``."""
-    return any(_owner_alive(f) for kind in ("new", "old") for f in _siblings(path, kind))
+    """Whether a writer (another process, or another thread here) is between the two renames of a swap
+    of ``path``: while the path is missing, its ``-new-`` sibling is there, locked."""
+    return any(_mid_swap(f) for f in _siblings(path, "new"))
 
 
 def settle(path: str, deadline: float | None = None) -> None:

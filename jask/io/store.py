@@ -325,6 +325,14 @@ class PendingStore:
             os.rename(self.tmp_path, aside)
             return aside
         ready = _sibling(final, "new")           # no RENAME_EXCHANGE here: two renames
+        hold = Pin(self.tmp_path)                # until the second: recovery leaves a held -new- alone
+        try:
+            return self._two_renames(ready)
+        finally:
+            hold.release()
+
+    def _two_renames(self, ready: str) -> str:
+        final = self.final_path
         os.rename(self.tmp_path, ready)
         if not self._kept:
             self._finalizer.detach()
