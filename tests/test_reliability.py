@@ -11,6 +11,7 @@ it with NumPy: bit-exact old value before the array's commit point
 recovery finishes the swap), bit-exact new value from it on, and nothing hidden
 left beside it.
 """
+import contextlib
 import errno
 import gc
 import json
@@ -752,6 +753,35 @@ def test_foreign_compressed_store_missing_chunk_is_fill_value(small_tiles, tmp_p
 
 # ---------------------------------------------------------------- the two-rename swap's lock
 
+@contextlib.contextmanager
+def paused_at(point, write):
+    """``write()`` in another thread, stopped at the first fault ``point`` it fires; yields that point's info.
+    Leaving the block lets it finish; what it raised fails the test."""
+    reached, go, errors, info = threading.Event(), threading.Event(), [], {}
+
+    def pause(at, at_info):
+        if at == point and not reached.is_set():
+            info.update(at_info)
+            reached.set()
+            assert go.wait(60)
+
+    def run():
+        try:
+            write()
+        except BaseException as e:
+            errors.append(e)
+    with faults.armed(pause):
+        t = threading.Thread(target=run)
+        t.start()
+        try:
+            assert reached.wait(60), f"the writer never reached {point}"
+            yield info
+        finally:
+            go.set()
+            t.join(60)
+    assert not errors, errors
+
+
 def test_a_dead_writers_two_rename_swap_is_finished_though_its_pid_is_taken(zygotes, tmp_path, monkeypatch):
     """Without RENAME_EXCHANGE a writer killed between its two renames leaves the path missing and a
     ``-new-`` sibling. With its pid since given to another process (the pid test forced to say alive),
@@ -783,27 +813,9 @@ def test_a_live_writers_two_rename_swap_is_left_to_it(small_tiles, tmp_path, mon
     path = str(tmp_path / "w.zarr")
     jask.to_zarr(jask.from_numpy(np.ones((8, 8), np.float32)), path)
     w = jask.from_zarr(path, mode="r+")
-    aside, go, errors = threading.Event(), threading.Event(), []
-
-    def pause(point, info):
-        if point == "after_old_aside":
-            aside.set()
-            assert go.wait(60)
-
-    def write():
-        try:
-            w.update_(w + 1.0)
-        except BaseException as e:
-            errors.append(e)
-    with faults.armed(pause):
-        t = threading.Thread(target=write)
-        t.start()
-        assert aside.wait(60)
+    with paused_at("after_old_aside", lambda: w.update_(w + 1.0)):
         recovery.recover(path)
         assert not os.path.exists(path) and recovery.swap_in_progress(path)   # untouched, and "in progress"
-        go.set()
-        t.join(60)
-    assert not errors, errors
     np.testing.assert_array_equal(np.asarray(jask.from_zarr(path)), np.full((8, 8), 2.0, np.float32))
 
 

@@ -167,37 +167,15 @@ def test_a_dead_writers_group_rolls_forward_though_its_pid_is_taken(params, tmp_
 def test_a_live_writers_group_is_left_to_it(params, tmp_path, monkeypatch):
     """While a group commit is between its swaps (paused in another thread), recovery does not touch it, even
     where the pid test would call its writer gone: the writer's lock on its logs decides. Then it finishes."""
-    import threading
-    from jask.io import faults, groups
+    from jask.io import groups
+    from test_reliability import paused_at
     paths, values = params
     p = {k: jask.from_zarr(v, mode="r+") for k, v in paths.items()}
-    swapped, go = threading.Event(), threading.Event()
-
-    first = []
-
-    def pause(point, info):
-        if point == "after_swap" and not swapped.is_set():
-            first.append(info["path"])
-            swapped.set()
-            assert go.wait(60)
-    errors = []
-
-    def commit():
-        try:
-            jask.update_all(p, {k: x + 1.0 for k, x in p.items()})
-        except BaseException as e:
-            errors.append(e)
-    with faults.armed(pause):
-        t = threading.Thread(target=commit)
-        t.start()
-        assert swapped.wait(60)
+    with paused_at("after_swap", lambda: jask.update_all(p, {k: x + 1.0 for k, x in p.items()})) as first:
         monkeypatch.setattr(groups, "owner_gone", lambda pid, path: True)
         assert groups.roll_forward(paths["b"]) == [] and groups.roll_forward(paths["w"]) == []
-        (waiting,) = [k for k in paths if os.path.abspath(paths[k]) != os.path.abspath(first[0])]
+        (waiting,) = [k for k in paths if os.path.abspath(paths[k]) != os.path.abspath(first["path"])]
         np.testing.assert_array_equal(zarr.open_array(paths[waiting], mode="r")[...], values[waiting])  # untouched
-        go.set()
-        t.join(60)
-    assert not errors, errors
     for k, v in values.items():
         np.testing.assert_array_equal(np.asarray(p[k]), v + 1, err_msg=k)
 
