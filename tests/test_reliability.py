@@ -318,6 +318,29 @@ def test_resume_after_sigkill_computes_only_the_missing_tiles(zygotes, tmp_path,
     jask.cleanup_scratch(str(tmp_path / "scratch"))
 
 
+def test_resume_after_a_restart_that_got_the_killed_runs_pid(zygotes, tmp_path):
+    """A job restarted in a new container often gets the pid its killed run had. Its resume=True must take
+    that run's partial write as ended (the token's tag is not this process's), though the pid is its own and
+    the folder was renamed just now; before, it counted as this process's and every tile was computed again."""
+    jask.config.update("tile", rw.RESUME_TILE)
+    d = str(tmp_path / "k")
+    rw.make_inputs("resume", d)
+    (res,) = zygotes.run([dict(scenario="resume", dir=d, scratch=str(tmp_path / "scratch"),
+                               fault="after_tile_write:8")])
+    assert res["signal"] == signal.SIGKILL, zygotes.log_tail()
+    (partial,) = _hidden(d)
+    earlier = "0000abcd" if not owners.new_token().startswith("0000") else "1111abcd"
+    mine = f".out.zarr.jask-tmp-{os.getpid()}-{earlier}"      # the killed run had this process's pid
+    os.rename(os.path.join(d, partial), os.path.join(d, mine))
+    with jask.profile() as prof:
+        path, want = _resumed_write("resume", d)
+    assert prof.tiles == 8
+    np.testing.assert_array_equal(zarr.open_array(path, mode="r")[...], want)
+    gc.collect()
+    assert _hidden(d) == []
+    jask.cleanup_scratch(str(tmp_path / "scratch"))
+
+
 def test_resumed_persist_computes_only_the_missing_tiles(zygotes, tmp_path):
     """persist(2a + b, resume=True) killed after k of 16 tiles, at its commit, or in the to_zarr reading it
     afterwards: the same persist in this process (same scratch root) computes only the 16 - k tiles not
@@ -496,7 +519,7 @@ def test_renamed_leftovers_of_a_live_process_are_not_taken(tmp_path, monkeypatch
     os.rmdir(aside)
     monkeypatch.undo()
     cand = tmp_path / f".x.zarr.jask-tmp-{_dead_pid()}-abcdef"
-    fresh = tmp_path / f".x.zarr.jask-tmp-{os.getpid()}-123456"
+    fresh = tmp_path / f".x.zarr.jask-tmp-{os.getpid()}-{owners.new_token()}"
     for d in (cand, fresh):
         d.mkdir()
         (d / "zarr.json").write_text("{}")
@@ -515,7 +538,7 @@ def test_a_claim_killed_midway_leaves_a_sibling_the_sweep_knows(tmp_path, monkey
     p = tmp_path / "x.zarr"
     monkeypatch.setattr(owners, "pid_alive", lambda pid: pid == os.getpid())
     cand = tmp_path / ".x.zarr.jask-tmp-4194000-abcdef"
-    fresh = tmp_path / f".x.zarr.jask-tmp-{os.getpid()}-123456"
+    fresh = tmp_path / f".x.zarr.jask-tmp-{os.getpid()}-{owners.new_token()}"
     for d in (cand, fresh):
         d.mkdir()
         (d / "zarr.json").write_text("{}")
@@ -525,7 +548,8 @@ def test_a_claim_killed_midway_leaves_a_sibling_the_sweep_knows(tmp_path, monkey
         assert resume.claim(str(p), str(fresh))
     left = [s for s in owners.siblings(str(p)) if s != str(fresh)]
     assert len(left) == 1 and owners.sibling_owner(left[0]) == os.getpid(), left
-    monkeypatch.setattr(owners, "pid_alive", lambda pid: False)       # this process has ended
+    monkeypatch.setattr(owners, "pid_alive", lambda pid: False)       # this process has ended: a later
+    monkeypatch.setattr(owners, "_tag", "zzzz")                         # one (its own tag) has its pid
     (tmp_path / "x.zarr").mkdir()
     assert recovery.sweep(str(p)) == left                              # the claimed one is resumable: kept
     pins.remove_tree(str(fresh))

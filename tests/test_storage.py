@@ -11,7 +11,7 @@ import zarr
 
 import jask
 from jask.config import config
-from jask.io import scratch
+from jask.io import owners, scratch
 from jask.io.recovery import recover
 
 
@@ -28,6 +28,11 @@ def _dead_pid():
     proc = subprocess.Popen([sys.executable, "-c", "pass"])
     proc.wait()
     return proc.pid
+
+
+def _earlier_token():
+    """A token an earlier process with this process's pid made (another tag than this process's)."""
+    return ("0000" if not owners.new_token().startswith("0000") else "1111") + "abcd"
 
 
 @pytest.fixture
@@ -276,11 +281,14 @@ def test_recover_removes_dead_process_temporaries(small_tiles, tmp_path):
     p = tmp_path / "arr.zarr"
     jask.from_numpy(A).to_zarr(p)
     dead = tmp_path / f".arr.zarr.jask-tmp-{_dead_pid()}-abc123"
-    live = tmp_path / f".arr.zarr.jask-tmp-{os.getpid()}-def456"
-    dead.mkdir()
-    live.mkdir()
+    live = tmp_path / f".arr.zarr.jask-tmp-{os.getpid()}-{owners.new_token()}"
+    earlier = tmp_path / f".arr.zarr.jask-tmp-{os.getpid()}-{_earlier_token()}"   # a restarted container's pid
+    for d in (dead, live, earlier):
+        d.mkdir()
+    os.utime(earlier)                          # as new as can be: the pid's start time cannot tell
     recover(str(p))
     assert not dead.exists(), "an incomplete temporary of a dead process was kept"
+    assert not earlier.exists(), "an earlier process's temporary was taken for this process's own"
     assert live.exists(), "a temporary of a live process (possibly still writing) was removed"
     np.testing.assert_array_equal(zarr.open_array(p, mode="r")[...], A)
 
@@ -356,16 +364,17 @@ def test_failed_computation_leaves_no_scratch(small_tiles, private_scratch):
 def test_cleanup_scratch_removes_only_dead_process_folders(tmp_path):
     root = tmp_path / "root"
     dead = root / f"jask-{_dead_pid()}-abcd1234"
-    mine = root / f"jask-{os.getpid()}-abcd1234"
+    mine = root / f"jask-{os.getpid()}-{owners.new_token()}"
+    earlier = root / f"jask-{os.getpid()}-{_earlier_token()}"     # this pid's earlier process (a container)
     parent = root / f"jask-{os.getppid()}-abcd1234"
     other = root / "jask-notapid-abcd1234"
     unrelated = root / "something-else"
-    for d in (dead, mine, parent, other, unrelated):
+    for d in (dead, mine, earlier, parent, other, unrelated):
         d.mkdir(parents=True)
         (d / "x.zarr").mkdir()
     removed = jask.cleanup_scratch(str(root))
-    assert removed == [str(dead)]
-    assert not dead.exists()
+    assert sorted(removed) == sorted([str(dead), str(earlier)])
+    assert not dead.exists() and not earlier.exists()
     for d in (mine, parent, other, unrelated):
         assert d.exists(), d
     assert jask.cleanup_scratch(str(root)) == []

@@ -26,10 +26,9 @@ import errno
 import fcntl
 import json
 import os
-import secrets
 
 from jask.io import durable, faults
-from jask.io.owners import owner_gone, sibling, sibling_owner, siblings as _siblings
+from jask.io.owners import new_token, owner_gone, sibling, sibling_owner, siblings as _siblings
 from jask.io.resume import JOURNAL
 
 MARK = ".jask-group"
@@ -116,7 +115,7 @@ def commit_group(pendings, commit_one, power: bool = False) -> list:
     every log is fsynced before the first swap, so a power cut cannot leave a
     log pointing at a folder not wholly on disk.
     """
-    token = f"{os.getpid()}-{secrets.token_hex(3)}"
+    token = f"{os.getpid()}-{new_token()}"
     finals = [p.final_path for p in pendings]
     try:
         for p in pendings:

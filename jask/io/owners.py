@@ -9,6 +9,13 @@ updates its ctime, so the later of the two counts: a live process's ``-old-``
 sibling or a claimed resume folder is as new as its rename. The margin, :data:`REUSE_MARGIN_SECONDS`, absorbs
 coarse timestamps and clock skew between a network disk and this machine; a
 pid reused sooner than that keeps the leftover until a later sweep.
+
+This process's own pid is told exactly: every name it makes ends in a token
+that starts with its tag (:func:`new_token`), so a leftover with this pid and
+another tag was made by an earlier process that had the same pid. That is
+the common reuse: a job restarted in a new container gets the pid its killed
+run had, often within seconds, and its ``resume=True`` must find that run's
+partial write ended, not its own.
 """
 from __future__ import annotations
 
@@ -18,11 +25,26 @@ import secrets
 
 REUSE_MARGIN_SECONDS = 60.0
 
+_tag = secrets.token_hex(2)          # this process's: begins every token it makes (new_token)
+
+
+def _new_tag() -> None:
+    global _tag
+    _tag = secrets.token_hex(2)
+
+
+os.register_at_fork(after_in_child=_new_tag)
+
+
+def new_token() -> str:
+    """A fresh token for a name carrying this process's pid (``PID-TOKEN``): this process's tag, then random."""
+    return _tag + secrets.token_hex(2)
+
 
 def sibling(path: str, kind: str, token: str | None = None) -> str:
     """A hidden sibling of ``path`` owned by this process: ``.NAME.jask-KIND-PID-TOKEN``."""
     head, name = os.path.split(os.path.abspath(path))
-    return os.path.join(head, f".{name}.jask-{kind}-{os.getpid()}-{token or secrets.token_hex(3)}")
+    return os.path.join(head, f".{name}.jask-{kind}-{os.getpid()}-{token or new_token()}")
 
 
 def siblings(path: str, kind: str = "") -> list[str]:
@@ -90,8 +112,17 @@ def process_start(pid: int) -> float | None:
         return None
 
 
+def _own_token(leftover: str) -> str | None:
+    """The token of a ``...-PID-TOKEN`` name carrying this process's pid, else None."""
+    parts = os.path.basename(leftover).rsplit("-", 2)
+    return parts[2] if len(parts) == 3 and parts[1] == str(os.getpid()) else None
+
+
 def owner_gone(pid: int, leftover: str) -> bool:
     """Whether the process ``pid`` that made ``leftover`` has ended (its pid free, or taken by a newer process)."""
+    own = _own_token(leftover) if pid == os.getpid() else None
+    if own is not None:
+        return not own.startswith(_tag)      # another tag: an earlier process that had this pid
     if not pid_alive(pid):
         return True
     started = process_start(pid)

@@ -21,13 +21,12 @@ from __future__ import annotations
 import atexit
 import itertools
 import os
-import secrets
 import shutil
 import tempfile
 
 from jask.io import remote_scratch, resumable_scratch, urls
 from jask.io.settings import current as _current_settings
-from jask.io.owners import owner_gone
+from jask.io.owners import new_token, owner_gone
 from jask.io.recovery import recover
 
 _RAM_FILESYSTEMS = {"tmpfs", "ramfs"}
@@ -195,7 +194,7 @@ def process_dir() -> str:
     if isinstance(root, urls.Location):   # an object store: each store deletes itself when freed (jask.io.remote)
         root = root.url
         if _process_dir is None or not _process_dir.startswith(root.rstrip("/") + "/"):
-            folder = f"jask-{os.getpid()}-{secrets.token_hex(4)}"
+            folder = f"jask-{os.getpid()}-{new_token()}"
             remote_scratch.claim(root, folder, storage_options())   # after sweeping dead processes' folders
             _process_dir = f"{root.rstrip('/')}/{folder}"
         return _process_dir
@@ -204,7 +203,7 @@ def process_dir() -> str:
         created_root = not os.path.isdir(root)
         os.makedirs(root, exist_ok=True)
         remove_stale(root)
-        _process_dir = os.path.join(os.path.abspath(root), f"jask-{os.getpid()}-{secrets.token_hex(4)}")
+        _process_dir = os.path.join(os.path.abspath(root), f"jask-{os.getpid()}-{new_token()}")
         os.makedirs(_process_dir)
         atexit.register(_remove_process_dir, _process_dir, created_root)
     return _process_dir

@@ -325,11 +325,15 @@ class PendingStore:
             os.rename(self.tmp_path, aside)
             return aside
         ready = _sibling(final, "new")           # no RENAME_EXCHANGE here: two renames
-        hold = Pin(self.tmp_path)                # until the second: recovery leaves a held -new- alone
+        try:
+            hold = Pin(self.tmp_path)            # until the second: recovery leaves a held -new- alone
+        except OSError:
+            hold = None                          # no flock here: recovery goes by the pid
         try:
             return self._two_renames(ready)
         finally:
-            hold.release()
+            if hold is not None:
+                hold.release()
 
     def _two_renames(self, ready: str) -> str:
         final = self.final_path
