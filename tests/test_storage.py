@@ -31,8 +31,13 @@ def _dead_pid():
 
 
 def _earlier_token():
-    """A token an earlier process with this process's pid made (another tag than this process's)."""
-    return ("0000" if not owners.new_token().startswith("0000") else "1111") + "abcd"
+    """A token an earlier process on this host with this process's pid made (another process tag)."""
+    return owners._HOST + ("0000" if owners._tag != "0000" else "1111") + "abcd"
+
+
+def _other_host_token():
+    """A token a process of another host made (its pid means nothing here)."""
+    return ("0000" if owners._HOST != "0000" else "1111") + "1234abcd"
 
 
 @pytest.fixture
@@ -283,12 +288,14 @@ def test_recover_removes_dead_process_temporaries(small_tiles, tmp_path):
     dead = tmp_path / f".arr.zarr.jask-tmp-{_dead_pid()}-abc123"
     live = tmp_path / f".arr.zarr.jask-tmp-{os.getpid()}-{owners.new_token()}"
     earlier = tmp_path / f".arr.zarr.jask-tmp-{os.getpid()}-{_earlier_token()}"   # a restarted container's pid
-    for d in (dead, live, earlier):
+    elsewhere = tmp_path / f".arr.zarr.jask-tmp-{_dead_pid()}-{_other_host_token()}"   # another host's writer
+    for d in (dead, live, earlier, elsewhere):
         d.mkdir()
     os.utime(earlier)                          # as new as can be: the pid's start time cannot tell
     recover(str(p))
     assert not dead.exists(), "an incomplete temporary of a dead process was kept"
     assert not earlier.exists(), "an earlier process's temporary was taken for this process's own"
+    assert elsewhere.exists(), "another host's temporary was judged by a pid of this host"
     assert live.exists(), "a temporary of a live process (possibly still writing) was removed"
     np.testing.assert_array_equal(zarr.open_array(p, mode="r")[...], A)
 
@@ -385,7 +392,8 @@ def test_process_dir_is_per_process(private_scratch):
     pdir = scratch.process_dir()
     name = os.path.basename(pdir)
     prefix, pid, token = name.split("-")
-    assert prefix == "jask" and int(pid) == os.getpid() and len(token) == 8
+    assert prefix == "jask" and int(pid) == os.getpid() and len(token) == 12          # host, process, random
+    assert token.startswith(owners._HOST + owners._tag)
     assert scratch.process_dir() == pdir
     path = scratch.new_path()
     assert os.path.dirname(path) == pdir and path.endswith(".zarr") and not os.path.exists(path)

@@ -10,22 +10,30 @@ sibling or a claimed resume folder is as new as its rename. The margin, :data:`R
 coarse timestamps and clock skew between a network disk and this machine; a
 pid reused sooner than that keeps the leftover until a later sweep.
 
-This process's own pid is told exactly: every name it makes ends in a token
-that starts with its tag (:func:`new_token`), so a leftover with this pid and
-another tag was made by an earlier process that had the same pid. That is
-the common reuse: a job restarted in a new container gets the pid its killed
-run had, often within seconds, and its ``resume=True`` must find that run's
-partial write ended, not its own.
+Every name a process makes ends in a token that starts with its host's tag
+and its own (:func:`new_token`). A leftover of another host keeps its pid's
+meaning there only, so it never counts as ended here (that host's processes
+sweep it): processes of several hosts write one shared folder in a
+``jax.distributed`` run, and in containers they often all have the same pid.
+This process's own pid is told exactly: a leftover with it, this host's tag
+and another process tag was made by an earlier process that had the same
+pid. That is the common reuse: a job restarted in its container gets the pid
+its killed run had, often within seconds, and its ``resume=True`` must find
+that run's partial write ended, not its own. Names without these tags (older
+jask versions) are judged by the pid alone.
 """
 from __future__ import annotations
 
 import glob
 import os
 import secrets
+import socket
+import zlib
 
 REUSE_MARGIN_SECONDS = 60.0
 
-_tag = secrets.token_hex(2)          # this process's: begins every token it makes (new_token)
+_HOST = f"{zlib.crc32(socket.gethostname().encode()) & 0xffff:04x}"   # this host's: begins every token
+_tag = secrets.token_hex(2)          # this process's: follows the host's in every token it makes
 
 
 def _new_tag() -> None:
@@ -37,8 +45,9 @@ os.register_at_fork(after_in_child=_new_tag)
 
 
 def new_token() -> str:
-    """A fresh token for a name carrying this process's pid (``PID-TOKEN``): this process's tag, then random."""
-    return _tag + secrets.token_hex(2)
+    """A fresh token for a name carrying this process's pid (``PID-TOKEN``): the host's tag, this process's,
+    then random (12 hex digits)."""
+    return _HOST + _tag + secrets.token_hex(2)
 
 
 def sibling(path: str, kind: str, token: str | None = None) -> str:
@@ -112,17 +121,25 @@ def process_start(pid: int) -> float | None:
         return None
 
 
-def _own_token(leftover: str) -> str | None:
-    """The token of a ``...-PID-TOKEN`` name carrying this process's pid, else None."""
+def _tagged_token(leftover: str, pid: int) -> str | None:
+    """The token of a ``...-PID-TOKEN`` name with this ``pid``, if it is one :func:`new_token` makes."""
     parts = os.path.basename(leftover).rsplit("-", 2)
-    return parts[2] if len(parts) == 3 and parts[1] == str(os.getpid()) else None
+    if len(parts) != 3 or parts[1] != str(pid) or len(parts[2]) != 12:
+        return None
+    try:
+        int(parts[2], 16)
+    except ValueError:
+        return None
+    return parts[2]
 
 
 def owner_gone(pid: int, leftover: str) -> bool:
     """Whether the process ``pid`` that made ``leftover`` has ended (its pid free, or taken by a newer process)."""
-    own = _own_token(leftover) if pid == os.getpid() else None
-    if own is not None:
-        return not own.startswith(_tag)      # another tag: an earlier process that had this pid
+    token = _tagged_token(leftover, pid)
+    if token is not None and token[:4] != _HOST:
+        return False                         # another host's: its pid names nothing here
+    if token is not None and pid == os.getpid():
+        return token[4:8] != _tag            # another process tag: an earlier process that had this pid
     if not pid_alive(pid):
         return True
     started = process_start(pid)
