@@ -236,6 +236,7 @@ def read_loop(path, scratch, seconds, out=None, stop=None) -> int:
     jask.config.update("tile", 8)
     results = []
     t_end = None
+
     def reading() -> bool:
         if t_end is None or len(results) < MIN_READS:
             return True

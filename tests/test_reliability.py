@@ -31,7 +31,7 @@ import zarr
 
 import jask
 from jask.config import config
-from jask.io import faults, maps, owners, pins, recovery, scratch, store
+from jask.io import faults, maps, owners, pins, recovery, scratch
 from jask.io import exchange as exchange_module
 from jask.io.reader import CorruptChunkError, MissingChunkError
 
