@@ -75,6 +75,20 @@ def _killed_while_writing_logs(paths, values, tmp_path, cut_short):
         (tmp_path / f".b.zarr.jask-group-{token}").write_text(text[:len(text) // 2])
 
 
+def test_a_log_killed_before_its_rename_is_swept(params, tmp_path):
+    """A writer killed while writing a log leaves it under its ``-glog-`` name, no swap done: the next open
+    of the target removes it with the other leftovers, and the target keeps its value."""
+    paths, values = params
+    import subprocess
+    import sys
+    proc = subprocess.Popen([sys.executable, "-c", "pass"])
+    proc.wait()                                                     # a process that has ended
+    writing = tmp_path / f".w.zarr.jask-glog-{proc.pid}-abcdef"
+    writing.write_text('{"token": "')                               # cut short by the kill
+    np.testing.assert_array_equal(np.asarray(jask.from_zarr(paths["w"])), values["w"])
+    assert not writing.exists()
+
+
 @pytest.mark.parametrize("cut_short", [False, True])
 @pytest.mark.parametrize("first", ["b", "w"])
 def test_a_group_killed_while_writing_its_logs_stays_old(params, tmp_path, first, cut_short):

@@ -152,12 +152,10 @@ def commit_group(pendings, commit_one, power: bool = False) -> list:
 
 
 def roll_forward(path: str) -> list[str]:
-    """Finish the group commits an ended process left half done on ``path``; returns the logs handled."""
-    for writing in _siblings(path, "glog"):     # a log a killed writer never renamed: no swap happened
-        pid = sibling_owner(writing)
-        if pid is not None and owner_gone(pid, writing):
-            with contextlib.suppress(FileNotFoundError):
-                os.unlink(writing)
+    """Finish the group commits an ended process left half done on ``path``; returns the logs handled.
+
+    (A ``-glog-`` file a killed writer never renamed is a plain leftover: no swap happened, and the
+    sweep removes it with the rest, :func:`jask.io.recovery.sweep`.)"""
     handled = []
     for log in _siblings(path, "group"):
         pid = sibling_owner(log)

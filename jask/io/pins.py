@@ -13,7 +13,14 @@ import weakref
 
 
 def remove_tree(path: str) -> None:
-    shutil.rmtree(path, ignore_errors=True)
+    """Remove a leftover folder, or file (a group's unrenamed log); what is already gone is fine."""
+    if os.path.isdir(path) and not os.path.islink(path):
+        shutil.rmtree(path, ignore_errors=True)
+        return
+    try:
+        os.unlink(path)
+    except OSError:
+        pass
 
 
 class Pin:

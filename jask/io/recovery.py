@@ -59,8 +59,9 @@ def sweep(path: str, keep_resumable: bool = True) -> list[str]:
 
     An ``-old-`` sibling is a replaced array: it goes once no process holds a
     pin on it (whatever process replaced it), and only while ``path`` exists.
-    This process's own siblings stay (another thread may be writing them),
-    unless they predate it (:func:`jask.io.owners.owner_gone`). With ``keep_resumable``
+    This process's own siblings stay (another thread may be writing them);
+    ones with its pid that an earlier process made go (:func:`jask.io.owners.owner_gone`).
+    A leftover may be a file: a group's log its killed writer never renamed. With ``keep_resumable``
     a ``-tmp-`` folder a ``resume=True`` write can continue stays (:mod:`jask.io.resume`).
     """
     exists = os.path.exists(path)

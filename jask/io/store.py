@@ -280,7 +280,7 @@ class PendingStore:
             if exists and not replace:
                 raise FileExistsError(f"{self.final_path} already exists; pass overwrite=True to replace it")
             pin = None if owned else Pin(self.tmp_path)   # the new folder, wherever it is renamed
-            old_aside = self._swap() if exists else self._rename_in()
+            old_aside = self._swap(pinned=pin is not None) if exists else self._rename_in()
         except BaseException as e:
             if pin is not None:
                 pin.release()
@@ -314,8 +314,9 @@ class PendingStore:
             faults.fire("after_swap", path=self.final_path)
         return None
 
-    def _swap(self) -> str:
-        """Put the new folder at the final path and the old one at an ``-old-`` sibling; returns that sibling."""
+    def _swap(self, pinned: bool) -> str:
+        """Put the new folder at the final path, the old one at an ``-old-`` sibling (returned); ``pinned``:
+        the caller's pin on the new folder keeps it locked through a two-rename swap."""
         final = self.final_path
         if exchange.swap_names(self.tmp_path, final):
             self._finalizer.detach()             # the -tmp- name now holds the old array
@@ -325,10 +326,10 @@ class PendingStore:
             os.rename(self.tmp_path, aside)
             return aside
         ready = _sibling(final, "new")           # no RENAME_EXCHANGE here: two renames
-        try:
-            hold = Pin(self.tmp_path)            # until the second: recovery leaves a held -new- alone
+        try:   # locked until the second rename: recovery leaves a held -new- alone (no flock: the pid decides)
+            hold = None if pinned else Pin(self.tmp_path)
         except OSError:
-            hold = None                          # no flock here: recovery goes by the pid
+            hold = None
         try:
             return self._two_renames(ready)
         finally:
