@@ -420,8 +420,11 @@ def _case(prog: Program) -> Case:
     def reference(args, w):
         return value_and_grads(_jnp_op, args, w)
 
-    args = [jnp.asarray(a) for a in arrays] + scalars
-    want, want_grads = jax.tree.map(np.asarray, reference(args, jnp.asarray(W)))
+    # The oracle runs on the host CPU (IEEE arithmetic, subnormals kept), whatever device jask computes on.
+    with jax.default_device(jax.devices("cpu")[0]):
+        args = [jnp.asarray(a) for a in arrays] + [jnp.asarray(v) for v in scalars]
+        want, want_grads = jax.tree.map(np.asarray, reference(args, jnp.asarray(W)))
+        want_loss = np.asarray(jnp.sum(jnp.asarray(want) * jnp.asarray(W)))
     bound, bound_grads = bound_and_grads(prog.root, [np.abs(a.astype(np.float64)) for a in arrays],
                                          [abs(float(v)) for v in prog.scalars], np.abs(W.astype(np.float64)))
     limit = LARGEST_BOUND[prog.dtype]
@@ -431,7 +434,6 @@ def _case(prog: Program) -> Case:
     k = rounding_steps(prog.root)
     k_grad = 2 * k + W.size + 2       # the backward pass, and the loss's own product and sum
     k_loss = k + W.size + 1
-    want_loss = np.asarray(jnp.sum(jnp.asarray(want) * jnp.asarray(W)))
     bound_loss = float(np.sum(bound * np.abs(W.astype(np.float64))))
     value_tol = 4 * k * u * bound + 2 * k * tiny
     loss_tol = 4 * k_loss * u * bound_loss + 2 * k_loss * tiny
