@@ -31,7 +31,7 @@ from jask.hijax.make_op import make_op
 from jask.linalg.add import add
 from jask.linalg.mul import mul
 from jask.linalg.square import square
-from jask.api.sinks import persist, update_all
+from jask.api.sinks import persist, structure_mismatch, update_all
 from jask.io.remote import RemoteStore
 from jask.ops.interpret import on_disk as _on_disk_fn
 from jask.optim_state import checkpoint_state, commit as _commit_state, load_state  # noqa: F401 (public here)
@@ -182,10 +182,11 @@ def update_params(params, new_params, resume: bool = False, state=None, state_pa
     parameters and state of one step. From then on, those stores refuse a
     commit without the state while the folder exists. See :mod:`jask.optim_state`.
     """
+    mismatch = structure_mismatch(params, new_params, ("params", "new_params"))
+    if mismatch is not None:   # leaves are paired in order: a renamed key would write one into another
+        raise ValueError(f"update_params: params and new_params differ in structure: {mismatch}")
     targets = _leaves(params)
     values = _leaves(new_params)
-    if len(targets) != len(values):
-        raise ValueError(f"update_params: {len(targets)} parameters but {len(values)} new values")
     if (state is None) != (state_path is None):
         raise ValueError("update_params: pass state= (the step's new optimizer state) and state_path= (its "
                          "checkpoint folder, from jask.optim.checkpoint_state) together")

@@ -158,6 +158,20 @@ def test_to_zarr_chunks(small_tiles, tmp_path):
     np.testing.assert_allclose(z[...], 2 * A, rtol=1e-6)
 
 
+def test_zero_dim_and_empty_arrays_are_written(small_tiles, tmp_path):
+    """A 0-d array and a size-0 one reach their paths: to_zarr, update_ and rechunk. (A 0-d array's to_zarr
+    returned and wrote nothing, and its update_ left a broken array; a size-0 one divided by zero.)"""
+    jask.to_zarr(jask.from_numpy(np.float32(3)), tmp_path / "s.zarr")
+    assert zarr.open_array(tmp_path / "s.zarr", mode="r")[()] == 3
+    u = jask.from_zarr(tmp_path / "s.zarr", mode="r+")
+    u.update_(jask.from_numpy(np.float32(6)))          # (0-d arithmetic gives in-memory JAX scalars)
+    assert zarr.open_array(tmp_path / "s.zarr", mode="r")[()] == 6 and float(np.asarray(u)) == 6
+    empty = jask.from_numpy(np.zeros((0, 3), np.float32))
+    jask.to_zarr(empty * 2.0, tmp_path / "e.zarr")
+    assert zarr.open_array(tmp_path / "e.zarr", mode="r").shape == (0, 3)
+    assert np.asarray(jask.rechunk(empty, (1, 3))).shape == (0, 3)
+
+
 def test_to_zarr_creates_parent_folders(small_tiles, tmp_path):
     A = _rand((5, 7), 10)
     p = tmp_path / "deep" / "er" / "x.zarr"

@@ -15,7 +15,8 @@ import jask
 from jask.io.prefetch import Prefetcher
 from jask.io.buffers import BufferPool, aligned_empty
 from jask.io.reader import MissingChunkError, TileKey, TileReadError, TileReader
-from jask.io.store import PendingStore, open_existing
+from jask.io.open_local import open_existing
+from jask.io.store import PendingStore
 from jask.io.writer import ShardWriter, TileWriteError, WriteBehind
 from jask.api.observe import profile
 from jask.exec.progress import Progress, progress

@@ -209,6 +209,22 @@ def update_(target: DiskArray, new_value, resume: bool = False) -> None:
     target._node = stored
 
 
+def structure_mismatch(targets, new_values, names=("the targets", "the new values")) -> str | None:
+    """How two pytrees of DiskArrays differ in structure (key paths only one of them has), or None if they match."""
+    if jax.tree.structure(targets, is_leaf=is_disk_array) == jax.tree.structure(new_values, is_leaf=is_disk_array):
+        return None
+    paths = [[jax.tree_util.keystr(k) or "the root"
+              for k, _ in jax.tree_util.tree_flatten_with_path(t, is_leaf=is_disk_array)[0]]
+             for t in (targets, new_values)]
+    said = []
+    for name, mine, other in ((names[0], *paths), (names[1], *paths[::-1])):
+        only = [p for p in mine if p not in other]
+        if only:
+            said.append(f"only in {name}: {', '.join(only[:3])}{', ...' if len(only) > 3 else ''}")
+    return "; ".join(said) or f"{names[0]} are a {jax.tree.structure(targets, is_leaf=is_disk_array)}, " \
+        f"{names[1]} a {jax.tree.structure(new_values, is_leaf=is_disk_array)}"
+
+
 def update_all(targets, new_values, resume: bool = False) -> None:
     """Replace several arrays' contents at once (an optimizer step's parameters): after a crash, all old or all new.
 
@@ -230,8 +246,10 @@ def commit_together(targets, new_values, resume: bool = False, checkpoint: str |
     every store of the group records it, and stores that recorded it may be committed."""
     ts = jax.tree.leaves(targets, is_leaf=is_disk_array)
     vs = jax.tree.leaves(new_values, is_leaf=is_disk_array)
-    if jax.tree.structure(targets, is_leaf=is_disk_array) != jax.tree.structure(new_values, is_leaf=is_disk_array):
-        raise ValueError(f"update_all: targets and new_values differ in structure ({len(ts)} and {len(vs)} arrays)")
+    mismatch = structure_mismatch(targets, new_values)
+    if mismatch is not None:
+        raise ValueError(f"update_all: targets and new_values differ in structure: {mismatch} "
+                         f"({len(ts)} and {len(vs)} arrays)")
     _check_resume("update_all", resume)
     group, rest = [], []
     for t, v in zip(ts, vs):

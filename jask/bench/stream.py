@@ -226,7 +226,7 @@ def bench_readers(layout, root):
     from jask.io.prefetch import Prefetcher
     from jask.io.buffers import aligned_empty
     from jask.io.reader import TileReader
-    from jask.io.store import open_existing
+    from jask.io.open_local import open_existing
     import jask
     jask.set_memory_budget(FLAGS.budget)
     shape = _shape(FLAGS.gib, FLAGS.cols)

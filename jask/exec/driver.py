@@ -21,7 +21,7 @@ from jask.exec.executor import Executor, pass_devices, region_bytes, usable_devi
 from jask.exec.run_windows import kernels_cache
 from jask.exec.schedule import spread, window_input_bytes
 from jask.exec.sinks import MemorySink, ScratchSink
-from jask.graph.nodes import Node, OpNode
+from jask.graph.nodes import Node, OpNode, StoredNode
 from jask.graph.op import CustomOp
 from jask.graph.tiling import grid, region
 from jask.io import malloc
@@ -163,7 +163,7 @@ def _run(p: Plan, roots, make_sinks, devices=None):
     for i, r in enumerate(roots):
         rr = r.resolved()
         if not isinstance(rr, OpNode):
-            if rr.shape == ():
+            if rr.shape == () and make_sinks is None:
                 results[i] = np.asarray(ex.tile_of(rr, ()))
             elif make_sinks is not None:
                 sink = make_sinks(r, p.tile)
@@ -183,6 +183,8 @@ def _run(p: Plan, roots, make_sinks, devices=None):
             except Exception as e:
                 e.add_note(f"while computing {p.prepared[id(node)].name} {node.dtype} scalar")
                 raise
+            if make_sinks is not None:    # a 0-d array written somewhere (to_zarr, update_): one tile
+                results[i] = _write_scalar(make_sinks(node, p.tile), results[i])
             continue
         sinks = [make_sinks(n, p.tile) if (id(n) in root_ids and make_sinks is not None)
                  else ScratchSink(n, p.tile) for n in group]
@@ -205,6 +207,9 @@ def _run(p: Plan, roots, make_sinks, devices=None):
                 raise
             if id(n) in root_ids:
                 results[root_ids[id(n)]] = out
+            readable = getattr(out, "readable", None)     # committed after the run: later groups read it here
+            if readable is not None:
+                p.stored_aside[id(n)] = StoredNode(readable())
     return results
 
 
@@ -262,6 +267,16 @@ def _scalar(p: Plan, ex: Executor, group, many: bool):
     value = multihost.fold_scalar(np.asarray(got[0][2]) if got else None,
                                   kernels_cache.combine(p.prepared[id(node)].op), node.dtype)
     return np.zeros((), node.dtype) if value is None else np.asarray(value, node.dtype)
+
+
+def _write_scalar(sink, value):
+    """Hand a computed 0-d result to its sink as the array's one tile."""
+    try:
+        sink.write((), np.asarray(value))
+    except BaseException:
+        sink.abort()
+        raise
+    return sink.finish()
 
 
 def _copy(ex: Executor, node: Node, sink):

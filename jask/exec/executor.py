@@ -74,7 +74,7 @@ class Executor:
 
     def tile_of(self, node: Node, idx):
         """One tile of ``node``: read, a constant, or computed as a window of its own."""
-        node = node.resolved()
+        node = self.plan.stored_aside.get(id(node.resolved()), node.resolved())
         if isinstance(node, StoredNode):
             return self.read(node, idx)
         if isinstance(node, ScalarNode):

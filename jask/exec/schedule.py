@@ -200,7 +200,9 @@ class _Draft:
         else:
             # A stage of an earlier group, scheduled at plan time (to count bytes) before it is
             # stored: it will be read like a store of its shape and dtype by then.
-            self.reads[key] = (TileKey(id(inner), tuple(block)), (inner, region(block, inner.shape, self.tile)))
+            aside = self.plan.stored_aside.get(id(inner))
+            source = inner if aside is None else aside.store
+            self.reads[key] = (TileKey(id(inner), tuple(block)), (source, region(block, inner.shape, self.tile)))
 
     def seal(self) -> Window:
         calls = [self._call(self.groups[g]) for g in self._dependency_order()]

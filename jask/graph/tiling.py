@@ -12,7 +12,8 @@ def block_shape(shape, tile: int) -> tuple[int, ...]:
 
 
 def grid(shape, tile: int) -> tuple[int, ...]:
-    return tuple(math.ceil(d / b) for d, b in zip(shape, block_shape(shape, tile)))
+    """Tiles per axis (0 along an axis of length 0: a size-0 array has no tiles)."""
+    return tuple(math.ceil(d / b) if d else 0 for d, b in zip(shape, block_shape(shape, tile)))
 
 
 def region(idx, shape, tile: int) -> tuple[slice, ...]:

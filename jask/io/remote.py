@@ -30,7 +30,8 @@ from zarr.core.sync import sync
 from jask.io import backends, dtypes, faults, versions
 from jask.io.layout import check_shards, describe_region
 from jask.io.reader import CorruptChunkError, MissingChunkError, TileReadError, prepare_read
-from jask.io.store import PendingStore, Store, describe_array, open_existing
+from jask.io.open_local import open_existing
+from jask.io.store import PendingStore, Store, describe_array
 from jask.io.urls import Location, RemoteStoreError, parse
 
 

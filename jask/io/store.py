@@ -22,19 +22,16 @@ Fault injection (:mod:`jask.io.faults`) fires at each step of a write and a comm
 from __future__ import annotations
 
 import os
-import stat
-import time
 import weakref
 
 import numpy as np
 import zarr
 
-from jask.io import dtypes, durable, exchange, faults, recovery, scratch
-from jask.io.destinations import zarr_node
+from jask.io import dtypes, durable, exchange, faults, scratch
 from jask.io.owners import sibling as _sibling
 from jask.io.layout import check_shards, describe_region
-from jask.io.pins import Pin, drop_retired, folder_deleted, pin_current, remove_tree
-from jask.io.recovery import recover, settle, swap_in_progress, sweep
+from jask.io.pins import Pin, drop_retired, folder_deleted, remove_tree
+from jask.io.recovery import recover, sweep
 from jask.io.resume import ChunkJournal, claim, warn_before_removing
 from jask.io.writer import ChunkFileWriter, make_chunk_writer
 
@@ -240,6 +237,12 @@ class PendingStore:
         """Remove the hidden folder (idempotent; a no-op once committed or kept)."""
         self._finalizer()
 
+    def readable(self) -> Store:
+        """The complete array, read where it is written, before its commit: later stages of the same
+        run read an ``update_all`` value there (the commit comes after the run)."""
+        self.complete(power=False)
+        return Store(self.tmp_path, self.array, owned=False)
+
     def keep(self) -> None:
         """Never remove the new folder from now on, even when the commit fails: a group commit past its
         commit point (:mod:`jask.io.groups`) needs it for the recovery that finishes the group."""
@@ -357,44 +360,3 @@ class PendingStore:
         if faults.hook is not None:
             faults.fire("after_swap", path=final)
         return aside
-
-
-def open_existing(path: str, mode: str) -> Store:
-    """Open a Zarr array at ``path`` without copying it, with clear errors for bad paths.
-
-    The folder is pinned (:class:`Pin`): this store reads the version it
-    opened, even if another process replaces the path meanwhile.
-    """
-    if mode not in ("r", "r+"):
-        raise ValueError(f"from_zarr mode must be 'r' or 'r+', got {mode!r}")
-    path = os.path.abspath(os.fspath(path))
-    deadline = time.monotonic() + recovery.SWAP_WAIT_SECONDS   # one wait in all, however many swaps meet it
-    while True:
-        settle(path, deadline)   # a writer's next swap may begin right after settle returns: then settle again
-        late = time.monotonic() >= deadline
-        try:   # one stat: with two (exists, then isdir) a swap between them made a folder "a file"
-            is_folder = stat.S_ISDIR(os.stat(path).st_mode)
-        except FileNotFoundError:
-            if late or not swap_in_progress(path):
-                raise FileNotFoundError(f"from_zarr: no Zarr array at {path}") from None
-            continue
-        if not is_folder:
-            raise ValueError(f"from_zarr: {path} is a file, not a Zarr array folder")
-        try:
-            pin = pin_current(path)
-            break
-        except FileNotFoundError:
-            if late:
-                raise FileNotFoundError(f"from_zarr: no Zarr array at {path}") from None
-    node = zarr_node(pin.root)
-    if node is None or node == "group":
-        pin.release()
-        if node == "group":
-            raise ValueError(f"from_zarr: cannot open {path} as a Zarr array: it holds a Zarr group")
-        raise ValueError(f"from_zarr: {path} is not a Zarr array (no zarr.json or .zarray inside)")
-    try:
-        array = zarr.open_array(pin.root, mode=mode)
-    except Exception as e:  # zarr raises several types for malformed metadata
-        pin.release()
-        raise ValueError(f"from_zarr: cannot open {path} as a Zarr array: {e}") from e
-    return Store(path, array, owned=False, writable=(mode == "r+"), pin=pin)

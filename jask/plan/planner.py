@@ -65,6 +65,9 @@ class Plan:
     groups: list = dataclasses.field(default_factory=list)
     shared_ids: frozenset = frozenset()   # fused nodes a window computes once for several consumers
     pass_ids: frozenset = frozenset()     # roots that may share a pass (jask.plan.one_pass.pass_reductions)
+    # node id -> StoredNode: a root computed by an earlier group whose copy is not yet its result (update_all's
+    # stores, committed after the run); later groups of the run read it there
+    stored_aside: dict = dataclasses.field(default_factory=dict)
 
     def __post_init__(self):
         self.fused_ids = {id(n) for n in self.fused}
