@@ -103,8 +103,14 @@ def update(name: str, value) -> None:
     if not hasattr(config, name):
         names = ", ".join(f.name for f in dataclasses.fields(Config))
         raise ValueError(f"unknown jask setting {name!r}; known settings: {names}")
-    if name in ("memory_budget", "device_budget", "program_cache") and value is not None:
-        value = parse_bytes(value)
+    if name in BYTE_SETTINGS:
+        value = _bytes_setting(name, value)
+    elif name in BOOLEAN_SETTINGS and not isinstance(value, bool):
+        raise TypeError(f"{name} must be True or False, got {value!r}")
+    elif name == "scratch_storage_options" and value is not None and not isinstance(value, dict):
+        raise TypeError(f"scratch_storage_options must be a dict of s3fs/gcsfs options or None, got {value!r}")
+    elif name == "scratch_dir" and value is not None and not isinstance(value, (str, os.PathLike)):
+        raise TypeError(f"scratch_dir must be a folder path or store URL (a str) or None, got {value!r}")
     elif name == "device" and value is not None:
         import jax
         if not isinstance(value, jax.Device):
@@ -130,8 +136,24 @@ def update(name: str, value) -> None:
     elif name == "read_mmap" and not isinstance(value, bool) and value != "auto":
         raise TypeError(f"read_mmap must be True, False or 'auto', got {value!r}")
     elif name == "scratch_dir" and value is not None:
-        scratch.check_scratch_dir(value, config.allow_tmpfs)
+        scratch.check_scratch_dir(value, config.allow_tmpfs, "jask.config.update('scratch_dir', ...)")
     setattr(config, name, value)
+
+
+BYTE_SETTINGS = ("memory_budget", "device_budget", "program_cache")   # sizes: "512MB", an int; the last two None
+BOOLEAN_SETTINGS = ("fusion", "progress", "allow_tmpfs")
+
+
+def _bytes_setting(name: str, value):
+    """A size setting's value in bytes, with errors that name the setting."""
+    if value is None and name != "memory_budget":
+        return None
+    if value is None:
+        raise ValueError("memory_budget cannot be None: give a size such as '512MB' or 2**30")
+    try:
+        return parse_bytes(value)
+    except (TypeError, ValueError) as e:
+        raise type(e)(f"{name}: {e}") from None
 
 
 def _check_devices(value):
@@ -178,7 +200,8 @@ def set_memory_budget(budget, scratch_dir=None, allow_tmpfs: bool = False, devic
         Bytes, or a string such as ``"512MB"`` or ``"2GiB"``.
     scratch_dir : str or path, optional
         Directory for op outputs and gradients. Must be on a real disk: tmpfs and
-        ramfs count against RAM, so they are refused unless ``allow_tmpfs``.
+        ramfs (and ``memory://`` URLs) count against RAM, so they are refused
+        unless ``allow_tmpfs``; a file is refused.
     device_budget : int or str, optional
         Device memory one window of tiles may take (default: half of the
         compute device's free memory; on the host CPU the budget above).
@@ -186,7 +209,7 @@ def set_memory_budget(budget, scratch_dir=None, allow_tmpfs: bool = False, devic
     n = parse_bytes(budget)
     device_n = None if device_budget is None else parse_bytes(device_budget)
     if scratch_dir is not None:
-        scratch.check_scratch_dir(os.fspath(scratch_dir), allow_tmpfs)
+        scratch.check_scratch_dir(os.fspath(scratch_dir), allow_tmpfs, "jask.set_memory_budget(scratch_dir=...)")
         config.scratch_dir = os.fspath(scratch_dir)
     config.allow_tmpfs = allow_tmpfs
     config.memory_budget = n

@@ -11,7 +11,8 @@ DiskArrays updated in place, so the step compiles once.
 Writes the data set to ``--data_dir`` (default ``jask-demo-data`` in the
 working directory; 514 MiB at the default size), which is kept so the next
 run reuses it: delete the folder to free the space. Op outputs and gradients
-live in ``<data_dir>/scratch`` while the demo runs. The last lines split the
+live in ``JASK_SCRATCH_DIR`` if that is set, else in ``<data_dir>/scratch``,
+while the demo runs. Bad flags are refused before anything is written. The last lines split the
 peak RSS into the runtime's baseline (Python, JAX and XLA, measured at
 start-up) and what was added since, and compare jask's working set per step
 with the budget.
@@ -32,6 +33,26 @@ flags.DEFINE_integer("steps", 10, "Optimizer steps.")
 flags.DEFINE_float("lr", 0.01, "Adam learning rate.")
 flags.DEFINE_string("data_dir", "jask-demo-data", "Where the Zarr data set is written (a real disk).")
 flags.DEFINE_boolean("keep", True, "Reuse an existing data set of the same shape instead of rebuilding it.")
+for _name in ("rows", "features", "steps"):
+    flags.register_validator(_name, lambda v: v >= 1, message=f"--{_name} must be at least 1")
+flags.register_validator("lr", lambda v: 0 < v < float("inf"), message="--lr must be a positive, finite number")
+
+
+def _budget_ok(value: str) -> bool:
+    from jask.config import parse_bytes
+    try:
+        parse_bytes(value)
+    except (TypeError, ValueError) as e:
+        raise flags.ValidationError(f"--budget: {e}") from None
+    return True
+
+
+flags.register_validator("budget", _budget_ok)
+
+
+def scratch_dir() -> str:
+    """``JASK_SCRATCH_DIR`` if set (a tmpfs data folder needs another place), else ``<data_dir>/scratch``."""
+    return os.environ.get("JASK_SCRATCH_DIR") or os.path.join(FLAGS.data_dir, "scratch")
 
 
 def build_dataset(data_dir: str, rows: int, features: int, chunk_rows: int):
@@ -64,7 +85,7 @@ def main(argv):
     import jask.optim
 
     baseline = jask.runtime_baseline()      # Python + JAX + XLA before jask does any work
-    jask.set_memory_budget(FLAGS.budget, scratch_dir=os.path.join(FLAGS.data_dir, "scratch"))
+    jask.set_memory_budget(FLAGS.budget, scratch_dir=scratch_dir())
     os.makedirs(FLAGS.data_dir, exist_ok=True)
     t0 = time.perf_counter()
     x_path, y_path = build_dataset(FLAGS.data_dir, FLAGS.rows, FLAGS.features, 8192)

@@ -26,6 +26,7 @@ import jax.numpy as jnp
 import optax
 
 from jask.graph.op import BlockParallelOp
+from jask.hijax import compat
 from jask.hijax.array import DiskArray, is_disk_array, type_of, zeros_node
 from jask.hijax.make_op import make_op
 from jask.linalg.add import add
@@ -66,9 +67,22 @@ adam_direction = make_op(AdamDirection, doc="Adam's direction m / (sqrt(v) + eps
 
 
 def zeros_like(x) -> DiskArray:
-    """An all-zero DiskArray with ``x``'s shape and dtype; needs no storage."""
+    """An all-zero DiskArray with ``x``'s shape and dtype; needs no storage (an in-memory ``x``: jnp's zeros)."""
+    if not is_disk_array(x):
+        return jnp.zeros_like(x)
     t = type_of(x)
     return DiskArray(node=zeros_node(t.shape, t.dtype))
+
+
+def _per_leaf(disk_fn, memory_fn):
+    """``disk_fn`` where a DiskArray is among the arguments, else ``memory_fn``: parameter trees may mix
+    DiskArrays with small in-memory arrays (a bias kept in memory), as optax's would."""
+    return lambda *xs: disk_fn(*xs) if any(is_disk_array(x) for x in xs) else memory_fn(*xs)
+
+
+_add = _per_leaf(add, jnp.add)
+_mul = _per_leaf(mul, lambda x, s: (x * s).astype(x.dtype))
+_square = _per_leaf(square, jnp.square)
 
 
 class ScaleByAdamState(NamedTuple):
@@ -111,19 +125,25 @@ def adam(learning_rate, b1: float = 0.9, b2: float = 0.999, eps: float = 1e-8) -
     def update_fn(updates, state, params=None):
         del params
         count = optax.safe_increment(state.count) if hasattr(optax, "safe_increment") else state.count + 1
-        mu = _map(lambda g, m: add(mul(m, b1), mul(g, 1.0 - b1)), updates, state.mu)
-        nu = _map(lambda g, v: add(mul(v, b2), mul(square(g), 1.0 - b2)), updates, state.nu)
+        mu = _map(lambda g, m: _add(_mul(m, b1), _mul(g, 1.0 - b1)), updates, state.mu)
+        nu = _map(lambda g, v: _add(_mul(v, b2), _mul(_square(g), 1.0 - b2)), updates, state.nu)
         # stored in the pass that next runs (the parameter update reads them): W, g's inputs, m and v once
         mu, nu = _persist_tree((mu, nu))
         t = count.astype(jnp.float32)
         c1 = 1.0 / (1.0 - jnp.float32(b1) ** t)
         c2 = 1.0 / (1.0 - jnp.float32(b2) ** t)
         lr = learning_rate(state.count) if callable(learning_rate) else learning_rate
-        step = _map(lambda m, v: mul(adam_direction(mul(m, c1), mul(v, c2), eps=eps),
-                                     -jnp.asarray(lr, jnp.float32)), mu, nu)
+        step = _map(lambda m, v: _mul(_direction(_mul(m, c1), _mul(v, c2), eps),
+                                      -jnp.asarray(lr, jnp.float32)), mu, nu)
         return step, ScaleByAdamState(count, mu, nu)
 
     return optax.GradientTransformation(init_fn, update_fn)
+
+
+def _direction(m, v, eps):
+    if is_disk_array(m):
+        return adam_direction(m, v, eps=eps)
+    return (m / (jnp.sqrt(v) + eps)).astype(m.dtype)
 
 
 def on_disk(transformation: optax.GradientTransformation) -> optax.GradientTransformation:
@@ -148,20 +168,30 @@ def on_disk(transformation: optax.GradientTransformation) -> optax.GradientTrans
 
 
 def sgd(learning_rate) -> optax.GradientTransformation:
-    """Plain gradient descent for DiskArray parameters."""
+    """Plain gradient descent for DiskArray parameters.
+
+    ``learning_rate``: a number, a JAX scalar (traced too), or an optax schedule
+    ``count -> scalar`` (the state then counts steps, as ``optax.sgd``'s does).
+    """
+    scheduled = callable(learning_rate)
 
     def init_fn(params):
-        return optax.EmptyState()
+        return optax.ScaleByScheduleState(count=jnp.zeros([], jnp.int32)) if scheduled else optax.EmptyState()
 
     def update_fn(updates, state, params=None):
-        return _map(lambda g: mul(g, -float(learning_rate)), updates), state
+        if scheduled:
+            lr, state = learning_rate(state.count), optax.ScaleByScheduleState(count=state.count + 1)
+        else:
+            lr = learning_rate
+        factor = -float(lr) if isinstance(lr, (int, float)) else -jnp.asarray(lr, jnp.float32)
+        return _map(lambda g: _mul(g, factor), updates), state
 
     return optax.GradientTransformation(init_fn, update_fn)
 
 
 def apply_updates(params, updates):
     """``params + updates`` leaf by leaf (lazy); follow with :func:`update_params`."""
-    return _map(add, params, updates)
+    return _map(_add, params, updates)
 
 
 def update_params(params, new_params, resume: bool = False, state=None, state_path=None) -> None:
@@ -182,6 +212,7 @@ def update_params(params, new_params, resume: bool = False, state=None, state_pa
     parameters and state of one step. From then on, those stores refuse a
     commit without the state while the folder exists. See :mod:`jask.optim_state`.
     """
+    _check_eager(params, new_params)
     mismatch = structure_mismatch(params, new_params, ("params", "new_params"))
     if mismatch is not None:   # leaves are paired in order: a renamed key would write one into another
         raise ValueError(f"update_params: params and new_params differ in structure: {mismatch}")
@@ -198,6 +229,19 @@ def update_params(params, new_params, resume: bool = False, state=None, state_pa
             p.update_(q, resume=resume)
         return
     update_all(targets, values, resume=resume)
+
+
+def _check_eager(params, new_params) -> None:
+    """update_params commits stores in place: eagerly, DiskArray parameters only, with a message saying so."""
+    if any(compat.is_traced(x) for x in jax.tree.leaves((params, new_params), is_leaf=is_disk_array)):
+        raise TypeError("update_params cannot run inside jit: return the new parameters (and state) from the "
+                        "jitted step and call jask.optim.update_params on its result")
+    for path, p in jax.tree_util.tree_flatten_with_path(params, is_leaf=is_disk_array)[0]:
+        if not is_disk_array(p):
+            where = jax.tree_util.keystr(path) or "the root"
+            raise TypeError(f"update_params: the parameter at {where} is an in-memory {type(p).__name__}, not a "
+                            "DiskArray: only arrays in stores are committed in place; keep an in-memory "
+                            "parameter's new value from the step's result instead")
 
 
 def _at_url(p: DiskArray) -> bool:

@@ -70,3 +70,26 @@ def test_unwritten_tile_is_an_error(small_tiles):
     lazy = make_op(Lazy)
     with pytest.raises(ValueError, match="unwritten"):
         np.asarray(lazy(jask.from_numpy(np.ones((9, 9), np.float32))))
+
+
+def test_a_scalar_output_is_refused_by_name(small_tiles):
+    """A CustomOp of output shape () is refused when called (it crashed in the planner, which runs scalar
+    results as block-parallel reductions)."""
+    class Total(CumSum0):
+        def output_shape(self, a_shape):
+            return ()
+
+    with pytest.raises(NotImplementedError, match=r"total: a CustomOp's output has at least one axis"):
+        make_op(Total)(jask.from_numpy(np.ones((9, 9), np.float32)))
+
+
+def test_explain_counts_a_custom_ops_reads_and_writes(small_tiles, tmp_path):
+    """The plan's bytes match what the run reads and writes: the custom op's input read once and its stored
+    output (they were left out), and a stored root copied by its sink."""
+    from jask.exec.driver import make_plan, planned_io
+    x = jask.from_numpy(np.ones((11, 6), np.float32))
+    for i, y in enumerate((cumsum0(x) * 2.0, x)):
+        read, written, _ = planned_io(make_plan([y._node]))
+        with jask.profile() as p:
+            jask.to_zarr(y, tmp_path / f"{i}.zarr")
+        assert (read, written) == (p.bytes_read, p.bytes_written)

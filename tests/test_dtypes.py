@@ -146,6 +146,41 @@ def test_scalar_factor_keeps_low_precision_dtype(small_tiles, dtype, factor):
     np.testing.assert_array_equal(np.asarray(out), np.asarray(want))
 
 
+@pytest.mark.parametrize("dtype", [BF16, np.dtype(np.float16), np.dtype(np.int8)], ids=["bfloat16", "float16", "int8"])
+def test_weakly_typed_scalars_take_the_arrays_dtype(small_tiles, dtype):
+    """A weak scalar operand (``jnp.asarray(2.0)``, a Python number passed through ``jit``) takes the array's
+    dtype as in jnp, values and gradients alike: a learning rate must not widen float16 parameters to float32.
+    (The result was float32, or int32 for int8.)"""
+    A = _rand((5, 7), 14, dtype) if dtype.kind == "f" or dtype == BF16 else np.arange(35, dtype=dtype).reshape(5, 7)
+    s = 2 if dtype.kind == "i" else 0.75
+    a, ref = jask.from_numpy(A), jnp.asarray(A)
+    for got, want in ((a * jnp.asarray(s), ref * jnp.asarray(s)), (jnp.asarray(s) + a, jnp.asarray(s) + ref),
+                      (jax.jit(lambda x, s: x * s)(a, s), jax.jit(lambda x, s: x * s)(ref, s)),
+                      (jax.jit(lambda x, s: jask.numpy.maximum(x, s))(a, s), jnp.maximum(ref, s))):
+        assert got.dtype == want.dtype == dtype
+        np.testing.assert_array_equal(np.asarray(got).astype(np.float32), np.asarray(want).astype(np.float32))
+    if dtype.kind == "i":
+        return
+    for f in (jax.grad, lambda f: jax.jit(jax.grad(f))):
+        g = f(lambda s: jask.sum(a * s).astype(jnp.float32))(s)
+        want = jax.grad(lambda s: jnp.sum(ref * s).astype(jnp.float32))(s)
+        assert g.dtype == want.dtype       # a sum of 35 rounded products: 35 roundings of |A| at most
+        bound = A.size * float(jnp.finfo(dtype).eps) * float(np.abs(A.astype(np.float32)).sum())
+        np.testing.assert_allclose(float(g), float(want), rtol=0, atol=bound)
+
+
+def test_gradient_for_a_python_number_argument(small_tiles):
+    """``jax.grad(f)(2.0)`` eagerly: the primal reached jask as NumPy's float64 and was refused (64-bit JAX is off)."""
+    A = _rand((5, 7), 15, np.dtype(np.float32))
+    a = jask.from_numpy(A)
+    cases = [(lambda s: jask.sum(a * s), lambda s: jnp.sum(A * s)),
+             (lambda s: jask.sum(jask.numpy.maximum(a, s) + s), lambda s: jnp.sum(jnp.maximum(A, s) + s))]
+    for f, ref in cases:
+        want = float(jax.grad(ref)(0.25))
+        for g in (jax.grad(f)(0.25), jax.jit(jax.grad(f))(0.25)):
+            np.testing.assert_allclose(float(g), want, rtol=1e-5)
+
+
 # ---------------------------------------------------------------- the read path
 
 def test_reader_returns_bfloat16_views(small_tiles):
@@ -206,3 +241,23 @@ def test_bad_dtype_attribute(tmp_path, stored, name, fragment):
 def test_other_ml_dtypes_refused():
     with pytest.raises(TypeError, match=r"dtype float8_e4m3fn is not supported.*or bfloat16"):
         jask.from_numpy(np.zeros((3, 3), ml_dtypes.float8_e4m3fn))
+
+
+@pytest.mark.parametrize("fmt", [2, 3])
+@pytest.mark.parametrize("dtype", [">f4", ">i4", ">f2"])
+def test_big_endian_store_computes_in_native_byte_order(small_tiles, tmp_path, fmt, dtype):
+    """A big-endian Zarr array (v2 '>f4') is computed in the same dtype in native byte order: ops, slices,
+    reductions and copies give numpy's values."""
+    data = (np.arange(48).reshape(6, 8) - 20).astype(dtype)
+    p = tmp_path / "be.zarr"
+    zarr.create_array(p, shape=data.shape, chunks=(4, 4), dtype=dtype, zarr_format=fmt)[...] = data
+    x = jask.from_zarr(p)
+    native = data.astype(np.dtype(dtype).newbyteorder("="))
+    assert x.dtype == native.dtype and native.dtype.isnative
+    np.testing.assert_array_equal(np.asarray(x), native)
+    np.testing.assert_array_equal(np.asarray(x * 2), native * 2)
+    np.testing.assert_array_equal(np.asarray(x[1:, 3:]), native[1:, 3:])
+    assert float(jask.sum(x)) == float(native.sum())
+    np.testing.assert_array_equal(_store(x).read((slice(0, 3), slice(2, 7))), native[:3, 2:7])
+    jask.to_zarr(x + 1, tmp_path / "copy.zarr")
+    np.testing.assert_array_equal(zarr.open_array(tmp_path / "copy.zarr", mode="r")[...], native + 1)

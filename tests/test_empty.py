@@ -53,6 +53,22 @@ def test_reductions_without_identity_raise_like_jnp(name):
         getattr(jkn, name)(jask.from_numpy(A))
 
 
+@pytest.mark.parametrize("jit", [False, True])
+@pytest.mark.parametrize("name", ["max", "min", "argmax", "argmin"])
+def test_extrema_over_a_non_empty_axis_of_an_empty_array(name, jit):
+    """Shape (0, 4) reduced over axis 1 has an empty result, as in jnp; over axis 0 (or all) it raises."""
+    A = np.zeros((0, 4), np.float32)
+    wrap = jax.jit if jit else (lambda f: f)
+    for axis, keepdims in ((1, False), (1, True), (-1, False)):
+        want = getattr(jnp, name)(A, axis=axis, keepdims=keepdims)
+        got = wrap(lambda x: getattr(jkn, name)(x, axis=axis, keepdims=keepdims))(jask.from_numpy(A))
+        assert isinstance(got, jask.DiskArray) and got.shape == want.shape and got.dtype == want.dtype
+        assert np.asarray(got).shape == want.shape
+    for axis in (0, None):
+        with pytest.raises(ValueError, match="empty"):
+            getattr(jkn, name)(jask.from_numpy(A), axis=axis)
+
+
 def test_contraction_over_an_empty_axis_slices_and_concatenate():
     A, B = np.ones((3, 0), np.float32), np.ones((0, 2), np.float32)
     np.testing.assert_array_equal(np.asarray(jask.from_numpy(A) @ jask.from_numpy(B)), A @ B)

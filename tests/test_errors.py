@@ -151,6 +151,14 @@ def test_binary_ops_reject_non_diskarray(small_tiles, op, bad):
         op(a, bad)
 
 
+def test_a_traced_in_memory_operand_is_named_with_the_way_out(small_tiles):
+    """Under grad, the seed ops' refusal of a traced array says what it is and what to pass instead."""
+    a = _arr((5, 5))
+    with pytest.raises(TypeError, match=r"dot expects DiskArray inputs; argument 1 is a traced in-memory value of "
+                                        r"shape \(5, 3\).*jask.from_numpy\(value\) outside jit and grad"):
+        jax.grad(lambda b: jask.sum(jask.dot(a, b)))(jnp.ones((5, 3)))
+
+
 def test_single_input_ops_reject_non_diskarray():
     for op in (jask.square, jask.sum, jask.transpose):
         with pytest.raises(TypeError, match="DiskArray"):
@@ -292,6 +300,20 @@ def test_from_zarr_corrupt_metadata(tmp_path):
         jask.from_zarr(folder)
 
 
+@pytest.mark.parametrize("value", ["my-tool-version-1", 3, ["a"], None])
+def test_a_jask_attribute_that_is_not_jasks_is_left_alone(small_tiles, tmp_path, value):
+    """Another tool's attribute named "jask" (not a dict) is not jask's marker: the array opens and reads as
+    any other Zarr array (missing chunks are fill values), and update_ keeps that attribute."""
+    p = tmp_path / "j.zarr"
+    z = zarr.create_array(p, shape=(6,), chunks=(2,), dtype="f4", fill_value=7.0, attributes={"jask": value})
+    z[:4] = np.arange(4, dtype="f4")
+    x = jask.from_zarr(p, mode="r+")
+    np.testing.assert_array_equal(np.asarray(x), [0, 1, 2, 3, 7, 7])
+    x.update_(x * 2.0)
+    np.testing.assert_array_equal(zarr.open_array(p, mode="r")[...], [0, 2, 4, 6, 14, 14])
+    assert zarr.open_array(p, mode="r").attrs["jask"] == value
+
+
 def test_from_zarr_bad_mode_and_type(tmp_path):
     p = tmp_path / "a.zarr"
     zarr.create_array(p, shape=(5, 7), dtype="float32", chunks=(4, 4))
@@ -332,6 +354,63 @@ def test_to_zarr_refuses_to_replace_what_is_not_a_zarr_array(small_tiles, tmp_pa
             assert str(tmp_path / name) in str(info.value)
     assert prof.tiles == 0 and prof.bytes_written == 0
     assert _tree(tmp_path) == before
+
+
+def test_to_zarr_destination_errors_say_what_works(small_tiles, tmp_path, monkeypatch):
+    """A file or a non-Zarr folder is refused without suggesting overwrite=True (which would be refused too);
+    an empty folder is written into, with or without overwrite; an empty path is refused, not the cwd."""
+    (tmp_path / "file.bin").write_bytes(b"mine")
+    (tmp_path / "plain").mkdir()
+    (tmp_path / "plain" / "notes.txt").write_text("mine too")
+    data = _rand((5, 7))
+    x = jask.from_numpy(data)
+    for name in ("file.bin", "plain"):
+        for overwrite in (False, True):
+            with pytest.raises(FileExistsError, match=re.escape(str(tmp_path / name))) as info:
+                jask.to_zarr(x, tmp_path / name, overwrite=overwrite)
+            assert "pass overwrite=True" not in str(info.value) and "choose another path" in str(info.value)
+    for overwrite in (False, True):
+        empty = tmp_path / f"empty-{overwrite}"
+        empty.mkdir()
+        jask.to_zarr(x, empty, overwrite=overwrite)
+        np.testing.assert_array_equal(zarr.open_array(empty, mode="r")[...], data)
+    cwd = tmp_path / "cwd"
+    cwd.mkdir()
+    monkeypatch.chdir(cwd)
+    for call in (lambda: jask.to_zarr(x, ""), lambda: jask.to_zarr(x, "", overwrite=True), lambda: jask.from_zarr("")):
+        with pytest.raises(ValueError, match="the path is empty"):
+            call()
+    assert os.listdir(cwd) == [] and (tmp_path / "file.bin").read_bytes() == b"mine"
+
+
+def test_chunks_and_compressors_are_taken_as_zarr_takes_them(small_tiles, tmp_path):
+    """chunks=4 is 4 on every axis (to_zarr, rechunk, from_numpy, shards too), one codec is a list of one;
+    a fractional chunk edge, a numcodecs codec or an unknown compressor is refused by name, before any work."""
+    from zarr.codecs import ZstdCodec
+    data = _rand((8, 12))
+    x = jask.from_numpy(data, chunks=3)
+    assert x._node.resolved().store.chunks == (3, 3)
+    jask.to_zarr(x, tmp_path / "a.zarr", chunks=4, shards=8, compressors=ZstdCodec(level=3))
+    z = zarr.open_array(tmp_path / "a.zarr", mode="r")
+    assert (z.chunks, z.shards, z.compressors) == ((4, 4), (8, 8), (ZstdCodec(level=3),))
+    np.testing.assert_array_equal(z[...], data)
+    r = jask.rechunk(x, 5)
+    assert r._node.resolved().store.chunks == (5, 5)
+    np.testing.assert_array_equal(np.asarray(r), data)
+    numcodecs = pytest.importorskip("numcodecs")
+    cases = [(dict(chunks=(4.5, 4)), TypeError, r"chunks \(4\.5, 4\) must hold whole numbers: axis 0 has 4\.5"),
+             (dict(chunks=True), TypeError, "chunks must be an int or a tuple of ints"),
+             (dict(chunks=(4, 0)), ValueError, r"chunks \(4, 0\) do not fit an array of shape \(8, 12\)"),
+             (dict(shards=2.0), TypeError, r"shards must be an int or a tuple of ints .*got 2\.0"),
+             (dict(compressors=numcodecs.Zstd()), TypeError, r"numcodecs \(Zarr v2\) codec.*zarr\.codecs\.ZstdCodec"),
+             (dict(compressors="zstdx"), TypeError, "to_zarr: compressors='zstdx' is not a Zarr v3 compressor")]
+    with jask.profile() as prof:
+        for kwargs, err, text in cases:
+            with pytest.raises(err, match=text):
+                jask.to_zarr(x * 2.0, tmp_path / "b.zarr", **kwargs)
+        with pytest.raises(TypeError, match=r"rechunk: chunks \(2\.5, 1\) must hold whole numbers"):
+            jask.rechunk(x, (2.5, 1))
+    assert prof.tiles == 0 and sorted(os.listdir(tmp_path)) == ["a.zarr"]
 
 
 def test_to_zarr_into_a_read_only_folder(small_tiles, tmp_path):
@@ -376,6 +455,10 @@ def test_update_inside_jit_refused(small_tiles):
     x = _arr((5, 7))
     with pytest.raises(TypeError, match="eagerly"):
         jax.jit(lambda x: jask.update_(x, x))(x)
+    with pytest.raises(TypeError, match="update_ must be called eagerly"):    # the method form: an AttributeError
+        jax.jit(lambda x: x.update_(x * 2.0))(x)
+    with pytest.raises(TypeError, match="to_zarr cannot run inside jit"):
+        jax.jit(lambda x: x.to_zarr("never.zarr"))(x)
 
 
 def test_sinks_reject_non_diskarrays_and_tracers(small_tiles, tmp_path):
@@ -487,6 +570,28 @@ def test_bad_settings():
     assert config.tile is None
 
 
+def test_every_setting_checks_its_value_naming_it():
+    """Sizes, switches and options are checked when set, naming the setting (``memory_budget=None`` was taken
+    and failed at the next op; ``fusion="no"`` was truthy, so fusion stayed on)."""
+    before = dict(vars(config))
+    cases = [("memory_budget", None, ValueError, "memory_budget cannot be None"),
+             ("memory_budget", "lots", ValueError, "memory_budget: cannot parse memory size 'lots'"),
+             ("device_budget", -1, ValueError, "device_budget: memory size must be positive"),
+             ("program_cache", "x", ValueError, "program_cache: cannot parse"),
+             ("fusion", "no", TypeError, "fusion must be True or False, got 'no'"),
+             ("progress", 1, TypeError, "progress must be True or False"),
+             ("allow_tmpfs", "yes", TypeError, "allow_tmpfs must be True or False"),
+             ("scratch_storage_options", 3, TypeError, "scratch_storage_options must be a dict"),
+             ("scratch_dir", 3, TypeError, "scratch_dir must be a folder path or store URL")]
+    for name, value, error, says in cases:
+        with pytest.raises(error, match=re.escape(says)):
+            jask.config.update(name, value)
+    assert dict(vars(config)) == before
+    jask.config.update("device_budget", None)
+    jask.config.update("memory_budget", "64MB")
+    assert config.memory_budget == 64 * 10**6 and config.device_budget is None
+
+
 def test_tile_setting_types():
     for bad in ("8", [8], 1e3):
         with pytest.raises(ValueError, match=re.escape(f"tile must be a positive int or None, got {bad!r}")):
@@ -562,6 +667,30 @@ def test_tmpfs_scratch_dir_refused():
     jask.set_memory_budget("256MB", scratch_dir=target, allow_tmpfs=True)
     assert config.scratch_dir == target and config.allow_tmpfs
     assert not os.path.exists(target)
+
+
+def test_scratch_dir_that_is_a_file_or_in_memory_is_refused_naming_the_setting(tmp_path, monkeypatch):
+    """A scratch dir that is a file (or under one) is refused when set, naming the setting; from
+    JASK_SCRATCH_DIR, at first use, naming that. A memory:// URL lives in RAM as tmpfs does: refused alike."""
+    (tmp_path / "afile").write_text("x")
+    before = (config.scratch_dir, config.memory_budget)
+    for bad, where in ((tmp_path / "afile", "is a file"), (tmp_path / "afile" / "sub", "lies under")):
+        with pytest.raises(NotADirectoryError, match=rf"set_memory_budget\(scratch_dir=...\): scratch dir .*{where}"):
+            jask.set_memory_budget("64MB", scratch_dir=bad)
+        with pytest.raises(NotADirectoryError, match=r"jask.config.update\('scratch_dir', ...\)"):
+            jask.config.update("scratch_dir", str(bad))
+    assert (config.scratch_dir, config.memory_budget) == before
+    monkeypatch.setenv("JASK_SCRATCH_DIR", str(tmp_path / "afile"))
+    config.scratch_dir = str(tmp_path / "afile")           # as read from the environment at import
+    with pytest.raises(NotADirectoryError, match="JASK_SCRATCH_DIR: scratch dir .* is a file"):
+        jask.from_numpy(np.ones(3, np.float32))
+    config.scratch_dir = before[0]
+    with pytest.raises(jask.TmpfsScratchError, match="memory:// URL, which lives in this process's RAM"):
+        jask.set_memory_budget("64MB", scratch_dir="memory://jask-test-ram")
+    with pytest.raises(jask.TmpfsScratchError, match="allow_tmpfs=True"):
+        jask.config.update("scratch_dir", "memory://jask-test-ram")
+    assert (config.scratch_dir, config.memory_budget) == before
+    assert (tmp_path / "afile").read_text() == "x"
 
 
 def test_materialize_over_the_budget_is_refused_unless_allowed(small_tiles):

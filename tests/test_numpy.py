@@ -230,6 +230,11 @@ def test_unsupported_names_raise_with_alternative():
         knp.nanargmax
     with pytest.raises(NotImplementedError, match=r"jask.numpy.linalg.svd"):
         knp.linalg.svd
+    for name, hint in (("cumprod", "prod"), ("nanstd", "std"), ("fmax", "max"), ("acos", "arccos"),
+                       ("logaddexp2", "logaddexp"), ("isin", "jask.numpy.elementwise"), ("sort", "jask.numpy.elem"),
+                       ("insert", "jask.numpy.elementwise"), ("flip", "jask.numpy.elementwise")):
+        with pytest.raises(NotImplementedError, match=rf"jask.numpy.{name} is not .*nearest supported: {hint}"):
+            getattr(knp, name)
     with pytest.raises(AttributeError):
         knp.not_a_jnp_name
     with pytest.raises(NotImplementedError, match="where\\(condition, x, y\\)"):
@@ -242,10 +247,15 @@ def test_errors_name_the_op_and_shapes(small_tiles):
         knp.add(a, jask.from_numpy(np.ones(5, np.float32)))
     with pytest.raises(ValueError, match=r"sum: axis 2 is out of range"):
         knp.sum(a, axis=2)
+    for name in ("sum", "mean", "var", "std", "max", "prod", "any", "argmin"):
+        with pytest.raises(ValueError, match=rf"^{name}: axis 5 is out of range"):
+            getattr(knp, name)(a, axis=5)
+        for bad in (1.0, "a", (0, 1.5)):
+            with pytest.raises(TypeError, match=rf"^{name}: axis must be None, an int or a tuple of ints, got"):
+                getattr(knp, name)(a, axis=bad)
     with pytest.raises(NotImplementedError, match="where= argument"):
         knp.sum(a, where=a > 0)
-    with pytest.raises(TypeError, match="jask.from_numpy"):
-        knp.mean(np.ones(SHAPE))
+    assert knp.mean(np.ones(SHAPE)) == 1.0      # no DiskArray: jnp's mean (test_reductions_of_in_memory_values_are_jnps)
 
 
 def test_creation_dtypes_match_jnp(small_tiles):
@@ -268,3 +278,133 @@ def test_broadcast_to_and_full_with_a_traced_array_refuse_clearly(small_tiles):
     for f in (lambda v: jask.numpy.broadcast_to(v, (2, 3)), lambda v: jask.numpy.full((2, 3), v)):
         with pytest.raises(NotImplementedError, match=r"traced in-memory array of shape \(3,\).*jask.from_numpy"):
             jax.jit(f)(v)
+
+
+@pytest.mark.parametrize("dtype", [jnp.float16, jnp.bfloat16], ids=["float16", "bfloat16"])
+def test_low_precision_reductions_accumulate_in_float32(small_tiles, dtype):
+    """jnp sums float16/bfloat16 in float32 and casts back: 2000 x 100 must not overflow a mean to inf, and
+    a sum's tile partials must not be rounded to 11 (8) bits at each combine. Eager and jit; gradients."""
+    X = np.full((40, 50), 100, dtype)
+    Y = (np.random.default_rng(14).uniform(0.5, 1.5, (40, 50)) / 10).astype(dtype)
+    Z = np.random.default_rng(15).uniform(0.97, 1.03, (40, 50)).astype(dtype)     # products near 1
+    x, y, xr, yr = jask.from_numpy(X), jask.from_numpy(Y), jnp.asarray(X), jnp.asarray(Y)
+    cases = [(lambda m, a: m.mean(a)), (lambda m, a: m.var(a)), (lambda m, a: m.std(a, axis=0)),
+             (lambda m, a: m.mean(a, axis=1, keepdims=True)), (lambda m, a: m.sum(a, axis=0)),
+             (lambda m, a: m.sum(a)), (lambda m, a: m.prod(a, axis=1))]
+    for wrap in (lambda f: f, jax.jit):
+        for case in cases:
+            for a, r in ((x, xr), (y, yr), (jask.from_numpy(Z), jnp.asarray(Z))):
+                got, want = wrap(lambda a: case(knp, a))(a), case(jnp, r)
+                assert np.asarray(got).dtype == want.dtype and np.shape(got) == want.shape
+                np.testing.assert_allclose(np.asarray(got).astype(np.float32), np.asarray(want).astype(np.float32),
+                                           rtol=1e-2, atol=1e-3)
+    assert np.isfinite(float(knp.mean(x))) and float(knp.mean(x)) == 100.0
+    got = jax.grad(lambda a: knp.mean(a).astype(jnp.float32))(y)
+    want = jax.grad(lambda a: jnp.mean(a).astype(jnp.float32))(yr)
+    assert got.dtype == want.dtype
+    np.testing.assert_allclose(np.asarray(got).astype(np.float32), np.asarray(want).astype(np.float32), rtol=1e-2)
+
+
+def test_bitwise_operators_and_functions_match_jnp(small_tiles):
+    """``~ & | ^ << >> %`` (and reflected) on int and bool arrays, the jnp bitwise names, eager and under jit
+    with a traced scalar on the left; a float operand is refused as in jnp."""
+    I = np.random.default_rng(15).integers(1, 9, SHAPE).astype(np.int32)
+    B = I > 4
+    ops = [lambda i, b: 7 % i, lambda i, b: i % 3, lambda i, b: ~i, lambda i, b: ~b, lambda i, b: b & (i > 2),
+           lambda i, b: b | True, lambda i, b: b ^ True, lambda i, b: True ^ b, lambda i, b: i << 2,
+           lambda i, b: 1 << i, lambda i, b: 300 >> i, lambda i, b: i >> 1, lambda i, b: 6 & i, lambda i, b: 6 | i,
+           lambda i, b: i ^ i.T.T, lambda i, b: -i >> 1]
+    i, b = jask.from_numpy(I), jask.from_numpy(B)
+    for op in ops:
+        want, got = op(jnp.asarray(I), jnp.asarray(B)), op(i, b)
+        assert isinstance(got, jask.DiskArray) and got.dtype == want.dtype
+        np.testing.assert_array_equal(np.asarray(got), np.asarray(want))
+    for name in ("bitwise_and", "bitwise_or", "bitwise_xor", "left_shift", "right_shift", "bitwise_left_shift",
+                 "bitwise_right_shift"):
+        got, want = getattr(knp, name)(i, 2), getattr(jnp, name)(jnp.asarray(I), 2)
+        assert got.dtype == want.dtype
+        np.testing.assert_array_equal(np.asarray(got), np.asarray(want))
+    for name in ("bitwise_not", "invert", "bitwise_invert"):
+        for x, xr in ((i, I), (b, B)):
+            got, want = getattr(knp, name)(x), getattr(jnp, name)(jnp.asarray(xr))
+            assert got.dtype == want.dtype
+            np.testing.assert_array_equal(np.asarray(got), np.asarray(want))
+    f = lambda i, b, s: (s % i, s & i, s | i, s ^ i, s << i, s >> i, i % s, ~b & (i > s))
+    for got, want in zip(jax.jit(f)(i, b, jnp.int32(5)), f(jnp.asarray(I), jnp.asarray(B), jnp.int32(5))):
+        assert got.dtype == want.dtype
+        np.testing.assert_array_equal(np.asarray(got), np.asarray(want))
+    with pytest.raises(TypeError, match="float32"):
+        jask.from_numpy(I.astype(np.float32)) & 1
+
+
+@pytest.mark.parametrize("axis, keepdims", [(None, False), (0, False), (1, True), ((0, 1), False), (-1, False)])
+def test_any_all_match_jnp(small_tiles, axis, keepdims):
+    A = np.random.default_rng(16).integers(0, 3, SHAPE).astype(np.float32)
+    A[0], A[:, 3], A[2, 2] = 1.0, 0.0, np.nan           # a row all true, a column all false, a NaN (true)
+    a, r = jask.from_numpy(A), jnp.asarray(A)
+    for name in ("any", "all"):
+        for x, xr in ((a, r), (a > 0, r > 0), (a.astype(jnp.int32), r.astype(jnp.int32))):
+            want = getattr(jnp, name)(xr, axis=axis, keepdims=keepdims)
+            for got in (getattr(knp, name)(x, axis=axis, keepdims=keepdims),
+                        jax.jit(lambda x: getattr(x, name)(axis=axis, keepdims=keepdims))(x)):
+                assert np.shape(got) == want.shape and np.asarray(got).dtype == np.bool_
+                np.testing.assert_array_equal(np.asarray(got), np.asarray(want))
+    E = np.zeros((0, 7), np.float32)
+    for name in ("any", "all"):
+        for ax in (None, 0, 1):
+            want = getattr(jnp, name)(E, axis=ax)
+            got = getattr(knp, name)(jask.from_numpy(E), axis=ax)
+            assert np.shape(got) == want.shape
+            np.testing.assert_array_equal(np.asarray(got), np.asarray(want))
+
+
+def test_array_methods_and_unknown_attributes(small_tiles):
+    """flatten, ravel, clip, round, itemsize, mT as on jax arrays (eager and jit, with gradients); any other
+    attribute says it is not supported on DiskArrays."""
+    A = np.random.default_rng(17).standard_normal((2, 5, 7)).astype(np.float32)
+    a, r = jask.from_numpy(A), jnp.asarray(A)
+    f = lambda x: (x.flatten(), x.ravel(), x.clip(-0.5, 0.5), x.round(1), x.mT, x[0].mT * 2)
+    for wrap in (lambda f: f, jax.jit):
+        for got, want in zip(wrap(f)(a), f(r)):
+            assert isinstance(got, jask.DiskArray) and got.shape == want.shape and got.dtype == want.dtype
+            np.testing.assert_allclose(np.asarray(got), np.asarray(want), rtol=1e-6)
+    assert a.itemsize == r.itemsize == 4 and jax.jit(lambda x: x.itemsize)(a) == 4
+    np.testing.assert_array_equal(np.asarray(knp.ravel(a)), np.ravel(A))
+    loss = lambda m: lambda x: m.sum(x.mT.flatten() * x.clip(-0.5, 0.5).ravel()[: x.size])
+    got = jax.grad(loss(knp))(a)
+    np.testing.assert_allclose(np.asarray(got), jax.grad(loss(jnp))(r), rtol=1e-5, atol=1e-6)
+    with pytest.raises(AttributeError, match="DiskArray.tolist is not supported on DiskArrays"):
+        a.tolist()
+    with pytest.raises(AttributeError) as err:
+        jax.jit(lambda x: x.no_such_attribute)(a)
+    assert "not supported on DiskArrays" in str(err.value) + str(err.value.__cause__)
+    with pytest.raises(ValueError, match="at least 2 dimensions"):
+        a[0, 0].mT
+    assert not hasattr(a, "weak_type")
+
+
+def test_zero_d_full_and_ones_are_disk_arrays_eagerly_and_under_jit(small_tiles):
+    half = jnp.bfloat16(2.5)         # made outside jit: one made inside is traced (a JAX scalar results)
+    cases = [(lambda m: m.ones(())), (lambda m: m.full((), 3.0)), (lambda m: m.full((), 7, jnp.int8)),
+             (lambda m: m.full((), half)), (lambda m: m.full((), True)),
+             (lambda m: m.ones_like(m.zeros(()))), (lambda m: m.zeros(()))]
+    for make in cases:
+        want = make(jnp)
+        for got in (make(knp), jax.jit(lambda: make(knp))()):
+            assert isinstance(got, jask.DiskArray) and got.shape == () and got.dtype == want.dtype
+            assert np.asarray(got) == np.asarray(want)
+    x = jask.from_numpy(np.arange(6, dtype=np.float32).reshape(2, 3))
+    g = jax.jit(jax.grad(lambda x: knp.sum(x * knp.full((), 3.0))))(x)
+    np.testing.assert_array_equal(np.asarray(g), np.full((2, 3), 3.0, np.float32))
+    assert float(jax.jit(lambda v: knp.full((), v))(2.0)) == 2.0     # a traced fill: a JAX scalar
+
+
+def test_reductions_of_in_memory_values_are_jnps():
+    """A reduction given no DiskArray (the JAX scalar a full reduction returns, an in-memory array) is jnp's,
+    as elementwise functions are: ``knp.sum(knp.std(x))`` raised TypeError."""
+    A = np.arange(35, dtype=np.float32).reshape(5, 7)
+    x = jask.from_numpy(A)
+    np.testing.assert_allclose(float(knp.sum(knp.std(x))), float(np.std(A)), rtol=1e-6)
+    for name in ("sum", "max", "min", "prod", "mean", "var", "std", "any", "all", "argmax", "argmin"):
+        np.testing.assert_allclose(np.asarray(getattr(knp, name)(jnp.asarray(A), axis=1)),
+                                   np.asarray(getattr(jnp, name)(jnp.asarray(A), axis=1)))

@@ -39,6 +39,7 @@ TRANSFORMS = {
     "adamw": lambda: optax.adamw(0.05, weight_decay=0.1),
     "sgd_momentum": lambda: optax.sgd(0.1, momentum=0.9),
     "clip_adamw": lambda: optax.chain(optax.clip_by_global_norm(1.0), optax.adamw(0.1)),
+    "lamb": lambda: optax.lamb(0.01),   # safe_norm broadcasts a (1,) norm back: a lazy constant, also under jit
 }
 
 

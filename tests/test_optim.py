@@ -154,6 +154,56 @@ def test_sgd_and_schedule(regression):
         assert float(loss(params)) < first
 
 
+@pytest.mark.parametrize("name", ["adam", "sgd_schedule", "sgd_traced_lr"])
+def test_mixed_parameter_trees_and_sgd_rates_match_optax(regression, name):
+    """A tree of a DiskArray weight and an in-memory scale (jask.optim's own transforms took DiskArrays only:
+    adam's init failed, sgd refused the scale), and sgd with a schedule or a traced rate (refused before),
+    each step under jit against optax on the host."""
+    jask.config.update("tile", 8)
+    X, Y = regression
+    x, y = jask.from_numpy(X), jask.from_numpy(Y)
+    schedule = optax.linear_schedule(0.05, 0.01, 4)
+    opt, ref_opt = {"adam": (jask.optim.adam(0.1), optax.adam(0.1)),
+                    "sgd_schedule": (jask.optim.sgd(schedule), optax.sgd(schedule)),
+                    "sgd_traced_lr": (jask.optim.sgd(0.0), optax.sgd(0.01))}[name]
+    p = {"w": jask.from_numpy(np.full((11, 3), 0.1, np.float32)), "s": jnp.float32(0.5)}
+    with _on_host():
+        ref = {"w": jnp.full((11, 3), 0.1, jnp.float32), "s": jnp.float32(0.5)}
+        ref_state = ref_opt.init(ref)
+    state = opt.init(p)
+
+    @jax.jit
+    def step(p, state, lr):
+        g = jax.grad(lambda p: jask.sum(jask.square(x @ p["w"] * p["s"] - y)))(p)
+        local = jask.optim.sgd(lr) if name == "sgd_traced_lr" else opt
+        updates, state = local.update(g, state, p)
+        return jask.optim.apply_updates(p, updates), state
+
+    for _ in range(3):
+        new_p, state = step(p, state, jnp.float32(0.01))
+        p["w"].update_(new_p["w"])
+        p["s"] = new_p["s"]
+        with _on_host():
+            g = jax.grad(lambda q: jnp.sum(jnp.square(X @ q["w"] * q["s"] - Y)))(ref)
+            u, ref_state = ref_opt.update(g, ref_state, ref)
+            ref = optax.apply_updates(ref, u)
+        np.testing.assert_allclose(np.asarray(p["w"]), np.asarray(ref["w"]), rtol=1e-5, atol=1e-6)
+        np.testing.assert_allclose(float(p["s"]), float(ref["s"]), rtol=1e-5, atol=1e-6)
+
+
+def test_update_params_refuses_what_it_cannot_commit(small_tiles):
+    """Inside jit, or an in-memory leaf among the parameters: a TypeError saying what to do, not an
+    AttributeError from deep inside (a jax array leaf has no store to commit into)."""
+    w = jask.from_numpy(np.ones((4, 4), np.float32))
+    with pytest.raises(TypeError, match="update_params cannot run inside jit"):
+        jax.jit(lambda w: jask.optim.update_params(w, w * 2.0))(w)
+    with pytest.raises(TypeError, match=r"the parameter at \['s'\] is an in-memory ArrayImpl, not a DiskArray"):
+        jask.optim.update_params({"w": w, "s": jnp.float32(1)}, {"w": w * 2.0, "s": jnp.float32(2)})
+    with pytest.raises(ValueError, match=r"only in params: \['w'\]; only in new_params: \['v'\]"):
+        jask.optim.update_params({"w": w}, {"v": w * 2.0})
+    np.testing.assert_array_equal(np.asarray(w), np.ones((4, 4), np.float32))
+
+
 def test_update_params_commits_local_parameters_as_one_group(tmp_path, small_tiles, monkeypatch):
     """update_params goes through update_all for local stores: one pass, one group commit
     (the group log exists before the first swap), so a kill between commits cannot mix steps."""

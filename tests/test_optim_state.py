@@ -273,7 +273,7 @@ def test_a_folder_of_another_state_is_refused_before_anything_is_touched(tmp_pat
     with pytest.raises(ValueError, match=r"parameter 0 \(shape \(8, 12\)\) is not a local Zarr store opened with"):
         jask.optim.update_params({"w": jask.from_numpy(np.ones((8, 12), np.float32))},
                                  jask.optim.apply_updates({"w": w}, updates), state=new_state, state_path=ckpt)
-    with pytest.raises(TypeError, match=r"update_params: state\.count is traced; call update_params outside jit"):
+    with pytest.raises(TypeError, match=r"update_params cannot run inside jit"):
         jax.jit(lambda s: jask.optim.update_params({"w": w}, {"w": w * 1.0}, state=s, state_path=ckpt))(state)
     with pytest.raises(ValueError, match="pass state= .* and state_path= .* together"):
         jask.optim.update_params({"w": w}, jask.optim.apply_updates({"w": w}, updates), state=new_state)

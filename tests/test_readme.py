@@ -159,6 +159,18 @@ def test_demo_cli_is_quiet_and_reports_memory_apart(tmp_path):
     assert m.group(2) == "within", m.group(0)
 
 
+@pytest.mark.parametrize("flag, says", [("--steps=0", "--steps must be at least 1"),
+                                        ("--rows=-5", "--rows must be at least 1"),
+                                        ("--budget=lots", "cannot parse memory size 'lots'")])
+def test_demo_refuses_bad_flags_before_writing(tmp_path, flag, says):
+    """A bad flag is one line naming it, before any data is written (--steps=0 divided by zero after
+    training; --rows=-5 left an empty X.zarr behind)."""
+    proc = subprocess.run([sys.executable, "-m", "jask.demo", "--features=8", flag, f"--data_dir={tmp_path / 'd'}"],
+                          cwd=tmp_path, env=_env(), capture_output=True, text=True, timeout=120)
+    assert proc.returncode != 0 and says in proc.stderr and "Traceback" not in proc.stderr, proc.stderr[-2000:]
+    assert not (tmp_path / "d").exists()
+
+
 def test_platform_probe_filter_drops_only_the_probe():
     """The INFO probe record goes; the same text as a warning, and other INFO records, stay."""
     f = cli.DropPlatformProbe()

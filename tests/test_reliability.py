@@ -17,6 +17,7 @@ import gc
 import json
 import os
 import queue
+import re
 import signal
 import subprocess
 import sys
@@ -463,6 +464,64 @@ def test_a_write_without_resume_removes_a_resumable_leftover(zygotes, tmp_path):
     np.testing.assert_array_equal(zarr.open_array(os.path.join(d, "out.zarr"), mode="r")[...], 3 * rw.A)
     removed = jask.cleanup_scratch(str(tmp_path / "scratch"))
     assert len(removed) == 1
+
+
+def _fail_after(out, k, how):
+    """A fault hook: at the ``k``-th tile written to ``out``, an I/O error, or Ctrl-C in the main thread."""
+    import _thread
+    seen = []
+
+    def hook(point, info):
+        if point == "after_tile_write" and info.get("path") == out:
+            seen.append(1)
+            if len(seen) == k and how == "error":
+                raise OSError(errno.EIO, "injected")
+            if len(seen) == k:
+                _thread.interrupt_main()
+                time.sleep(0.5)              # the main thread takes the interrupt meanwhile
+    return hook
+
+
+@pytest.mark.parametrize("how", ["error", "ctrl-c"])
+@pytest.mark.parametrize("scenario", ["resume", "resume-update"])
+def test_a_failed_resumable_write_keeps_its_chunks_for_the_next_one(tmp_path, how, scenario):
+    """to_zarr / update_ with resume=True that fail with an exception (an I/O error, Ctrl-C) keep their
+    journaled chunks, as a kill does: a note on the exception says how many and how to continue; the next
+    call with resume=True computes only the rest, and a write without resume=True removes them, warning."""
+    jask.config.update("tile", rw.RESUME_TILE)
+    d = str(tmp_path)
+    rw.make_inputs(scenario, d)
+    out = os.path.join(d, "out.zarr" if scenario == "resume" else "w.zarr")
+    for attempt in ("resume", "fresh"):
+        if scenario == "resume" and os.path.exists(out):
+            pins.remove_tree(out)            # to_zarr(..., resume=True) writes a new path
+        before = zarr.open_array(out, mode="r")[...] if os.path.exists(out) else None
+        with faults.armed(_fail_after(out, 6, how)), pytest.raises((OSError, KeyboardInterrupt)) as info:
+            _resumed_write(scenario, d)
+            time.sleep(2)                    # (ctrl-c) never reached: the interrupt lands before
+        note = "\n".join(getattr(info.value, "__notes__", []))
+        done = int(re.search(r"(\d+) of 16 chunks of the resumable write to (\S+) are kept", note).group(1))
+        assert 6 <= done < 16 and out in note and "with resume=True continues it" in note, note
+        del info                                             # (its traceback holds the arrays)
+        assert len(_hidden(d)) == 1                          # the partial folder, nothing else
+        if before is not None:
+            np.testing.assert_array_equal(zarr.open_array(out, mode="r")[...], before)   # old value untouched
+        else:
+            assert not os.path.exists(out)
+        if attempt == "resume":
+            with jask.profile() as prof, warnings.catch_warnings():
+                warnings.simplefilter("error", RuntimeWarning)
+                path, want = _resumed_write(scenario, d)
+            assert prof.tiles == 16 - done
+        else:
+            a = jask.from_zarr(os.path.join(d, "a.zarr"))
+            with jask.profile() as prof, pytest.warns(RuntimeWarning, match=f"{done} of 16 chunks done"):
+                jask.to_zarr(a * 3.0, out, overwrite=True)
+            assert prof.tiles == 16
+            path, want = out, 3 * rw.A
+        np.testing.assert_array_equal(zarr.open_array(path, mode="r")[...], want)
+        gc.collect()
+        assert _hidden(d) == []
 
 
 def test_reused_pid_does_not_keep_leftovers(tmp_path, monkeypatch):

@@ -155,12 +155,17 @@ def test_plain_zarr_array_at_a_url_is_read_and_replaced():
     url = "memory://jask-test-plain/p.zarr"
     a = _data((12, 10), 9)
     try:
-        zarr.create_array(url, shape=a.shape, chunks=(5, 5), dtype="float32")[...] = a
+        zarr.create_array(url, shape=a.shape, chunks=(5, 5), dtype="float32", attributes={"units": "m"},
+                          dimension_names=["t", "x"], fill_value=5.0)[...] = a
         x = jask.from_zarr(url, mode="r+")
         np.testing.assert_array_equal(np.asarray(x), a)
         x.update_(x * 2)
         np.testing.assert_array_equal(np.asarray(jask.from_zarr(url)), a * 2)
-        assert zarr.open_group(url).attrs["jask"]["current"].startswith("v-")
+        current = zarr.open_group(url).attrs["jask"]["current"]
+        assert current.startswith("v-")
+        new = zarr.open_array(f"{url}/{current}", mode="r")      # the user's metadata is kept
+        assert (dict(new.attrs), new.metadata.dimension_names, new.fill_value) == (
+            {"units": "m", "jask": {"dense": True}}, ("t", "x"), 5.0)
         assert not [p for p in fs.find("/jask-test-plain/p.zarr") if "/c/" in p and "/v-" not in p]
     finally:
         fs.rm("/jask-test-plain", recursive=True)
@@ -211,6 +216,7 @@ def test_scratch_on_an_object_store():
     """Op outputs and persisted arrays can live under a store URL; each is deleted once freed."""
     import fsspec
     fs = fsspec.filesystem("memory")
+    jask.config.update("allow_tmpfs", True)         # memory:// lives in RAM, as tmpfs: allowed for the test
     jask.config.update("scratch_dir", "memory://jask-test-scratch")
     a = _data((30, 20), 3)
     x = jask.from_numpy(a)
@@ -244,6 +250,7 @@ def test_dead_processes_scratch_folders_in_a_bucket_are_swept(monkeypatch):
     _put(fs, f"{root}/jask-13-0badf00d/array-1.zarr/zarr.json")
     _put(fs, f"{root}/notes/readme.json")                                 # not a process folder
     monkeypatch.setattr(remote_scratch, "HEARTBEAT_S", 0.05)
+    jask.config.update("allow_tmpfs", True)         # memory:// lives in RAM, as tmpfs: allowed for the test
     jask.config.update("scratch_dir", f"memory:/{root}")
     y = jask.persist(jask.from_numpy(np.ones((4, 4), np.float32)) * 2)
     folders = {p.split("/")[2] for p in fs.find(root)}
@@ -285,6 +292,7 @@ def test_local_output_with_object_store_scratch_and_cleanup_of_url_roots(tmp_pat
     """A scratch dir on an object store does not stop writes to local paths; cleanup_scratch takes a
     file:// root as its folder (and sweeps nothing, deliberately, under an object store)."""
     from jask.io import owners
+    jask.config.update("allow_tmpfs", True)         # memory:// lives in RAM, as tmpfs: allowed for the test
     jask.config.update("scratch_dir", "memory://jask-test-scratch2")
     jask.to_zarr(jask.from_numpy(np.ones((4, 4), np.float32)), str(tmp_path / "out.zarr"))
     np.testing.assert_array_equal(np.asarray(jask.from_zarr(str(tmp_path / "out.zarr"))), 1.0)

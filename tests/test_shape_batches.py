@@ -166,3 +166,88 @@ def test_take_on_an_axis_past_int32_row_numbers_is_refused_before_building_colum
     long = jask.numpy.zeros((2**31 + 5,), np.int8)     # storage-free: nothing is read or written
     with pytest.raises(NotImplementedError, match="longer than the int32 row numbers"):
         jask.numpy.take(long, np.array([0, 2**31 + 2]), axis=0)
+
+
+@pytest.mark.parametrize("dtype", [np.bool_, np.int8, np.uint8, np.int16, np.float16, jnp.bfloat16, np.float32])
+def test_a_zero_d_result_keeps_its_dtype_and_bits(small_tiles, dtype):
+    """``x[i, j]``, ``reshape(())`` and ``squeeze`` to 0-d: jnp's dtype (no promotion by a sum), -0.0 kept,
+    eager and under jit; the gradient is jnp's."""
+    A = (np.arange(20) - 3).reshape(4, 5).astype(dtype)
+    if np.dtype(dtype).kind == "f" or dtype is jnp.bfloat16:
+        A[1, 2] = -0.0
+    a, r = jask.from_numpy(A), jnp.asarray(A)
+    f = lambda m, x: (x[1, 2], x[3, -1], x[1:2, 2:3].reshape(()), m.squeeze(x[2:3, :1]))
+    for wrap in (lambda f: f, jax.jit):
+        for got, want in zip(wrap(lambda x: f(knp, x))(a), f(jnp, r)):
+            assert np.shape(got) == () and np.asarray(got).dtype == want.dtype
+            np.testing.assert_array_equal(np.asarray(got), np.asarray(want))
+            assert np.signbit(np.asarray(got).astype(np.float32)) == np.signbit(np.asarray(want).astype(np.float32))
+    if dtype is np.float32:
+        loss = lambda x: x[1, 2] * 3 + x[2:3, 4:5].reshape(()) ** 2
+        np.testing.assert_array_equal(np.asarray(jax.jit(jax.grad(loss))(a)), jax.grad(loss)(r))
+
+
+BOOL_KEYS = [True, False, np.True_, (Ellipsis, True), (0, False), (0, slice(None), True), (True, 0), (0, True),
+             (slice(None), True), (True, True), (True, False), (None, True), (0, None, True), (True, None, 0),
+             (Ellipsis, True, 0), (np.array(True), 1), (0, 1, 2, True), (slice(None, None, -2), np.False_, 1)]
+
+
+def test_boolean_scalar_indices_add_an_axis_as_numpy(small_tiles):
+    """``x[True]`` is ``x[None]``, ``x[False]`` an empty axis; with integers they form one advanced index
+    whose axis goes first when they are not adjacent (NumPy's rule; jnp differs for ``x[None, True]``)."""
+    A = np.arange(60, dtype=np.float32).reshape(3, 4, 5)
+    a = jask.from_numpy(A)
+    for key in BOOL_KEYS:
+        want = A[key]
+        for got in (a[key], jax.jit(lambda x: x[key])(a)):
+            assert isinstance(got, jask.DiskArray) and got.shape == want.shape, key
+            np.testing.assert_array_equal(np.asarray(got), want)
+    W = np.random.default_rng(3).standard_normal((1, 4, 5)).astype(np.float32)
+    got = jax.grad(lambda x: knp.sum(x[0, :, True] * W))(a)
+    np.testing.assert_array_equal(np.asarray(got), jax.grad(lambda x: jnp.sum(x[0, :, True] * W))(A))
+    np.testing.assert_array_equal(np.asarray(jask.from_numpy(np.float32(2.5))[True]), np.float32(2.5)[True])
+
+
+def test_zero_d_index_arrays_and_scalar_take_index_as_integers(small_tiles):
+    A = np.arange(35, dtype=np.float32).reshape(5, 7)
+    a, r = jask.from_numpy(A), jnp.asarray(A)
+    three = jnp.array(3)             # concrete (one made inside jit is traced, which is refused)
+    cases = [(lambda m, x: x[np.array(2)]), (lambda m, x: x[1, np.int64(-2)]), (lambda m, x: x[:, three]),
+             (lambda m, x: m.take(x, 2, axis=1)), (lambda m, x: m.take(x, np.array(-1), axis=0)),
+             (lambda m, x: m.take(x[0], 4))]
+    for case in cases:
+        want = case(jnp, r)
+        for got in (case(knp, a), jax.jit(lambda x: case(knp, x))(a)):
+            assert np.shape(got) == want.shape and np.asarray(got).dtype == want.dtype
+            np.testing.assert_array_equal(np.asarray(got), np.asarray(want))
+    W = np.arange(5, dtype=np.float32)
+    got = jax.grad(lambda x: knp.sum(knp.take(x, 2, axis=1) * W))(a)
+    np.testing.assert_array_equal(np.asarray(got), jax.grad(lambda x: jnp.sum(jnp.take(x, 2, axis=1) * W))(r))
+
+
+def test_a_large_step_with_few_result_rows_is_not_refused(small_tiles):
+    """The tiles an output tile spans are bounded by its rows too: ``y[::17]`` of 7 rows is one row."""
+    Y, L = np.arange(7, dtype=np.float32), np.arange(100, dtype=np.float32)
+    y, long = jask.from_numpy(Y), jask.from_numpy(L)
+    for got, want in ((y[::17], Y[::17]), (y[::-30], Y[::-30]), (long[::17], L[::17]), (long[5::-40], L[5::-40]),
+                      (long[::-16], L[::-16])):
+        assert got.shape == want.shape
+        np.testing.assert_array_equal(np.asarray(got), want)
+    got = jax.jit(jax.grad(lambda v: knp.sum(v[::17] * 2.0)))(long)
+    np.testing.assert_array_equal(np.asarray(got), np.where(np.arange(100) % 17 == 0, 2.0, 0.0))
+    with pytest.raises(NotImplementedError, match="step 20 along axis 0 .* would read every input tile 21 times"):
+        knp.zeros((1000,))[::20]
+
+
+def test_concatenate_and_index_arrays_keep_negative_zero(small_tiles):
+    Z = np.array([-0.0, 1.0, np.nan, -0.0, 0.0, -np.inf, 2.0], np.float32)
+    z = jask.from_numpy(Z)
+    bits = lambda v: np.asarray(v).view(np.int32)
+    idx = np.array([5, 0, 4, 3, 3, 2, 1, 0])
+    for got, want in ((knp.concatenate([z, z[:2], z]), np.concatenate([Z, Z[:2], Z])), (z[idx], Z[idx]),
+                      (knp.stack([z, z]), np.stack([Z, Z])), (knp.take(z, idx), Z[idx]),
+                      (jax.jit(lambda v: knp.concatenate([v[3:], v]))(z), np.concatenate([Z[3:], Z]))):
+        np.testing.assert_array_equal(bits(got), want.view(np.int32))
+    B = np.array([True, False, True])
+    np.testing.assert_array_equal(np.asarray(knp.concatenate([jask.from_numpy(B), jask.from_numpy(~B)])),
+                                  np.concatenate([B, ~B]))

@@ -229,6 +229,77 @@ def test_update_user_store(small_tiles, tmp_path):
     assert sorted(os.listdir(tmp_path)) == ["w.zarr"]
 
 
+@pytest.mark.parametrize("call", ["update_", "update_all", "resume"])
+def test_update_keeps_the_stores_metadata(small_tiles, tmp_path, call):
+    """update_ / update_all write a new array in place of the old: it keeps the user's attributes (jask's
+    marker merged in), dimension names, codecs, fill value and chunk key encoding, and still stores every chunk."""
+    from zarr.codecs import ZstdCodec
+    data = _rand((8, 8), 30)
+    p = tmp_path / "meta.zarr"
+    z = zarr.create_array(p, shape=data.shape, chunks=(4, 4), dtype="float32", compressors=ZstdCodec(level=5),
+                          attributes={"units": "m"}, dimension_names=["t", "x"], fill_value=5.0,
+                          chunk_key_encoding={"name": "v2", "separator": "."})
+    z[...] = data
+    w = jask.from_zarr(p, mode="r+")
+    if call == "update_all":
+        jask.update_all({"w": w}, {"w": w * 2.0 - 5.0})
+    else:
+        w.update_(w * 2.0 - 5.0, resume=(call == "resume"))
+    after = zarr.open_array(p, mode="r")
+    np.testing.assert_allclose(after[...], 2 * data - 5, rtol=1e-6)
+    np.testing.assert_allclose(np.asarray(w), 2 * data - 5, rtol=1e-6)
+    assert dict(after.attrs) == {"units": "m", "jask": {"dense": True}}
+    assert after.metadata.dimension_names == ("t", "x")
+    assert after.compressors == (ZstdCodec(level=5),) and after.filters == z.filters
+    assert after.fill_value == 5.0
+    assert after.metadata.chunk_key_encoding == z.metadata.chunk_key_encoding
+    assert sorted(n for n in os.listdir(p) if not n.startswith("zarr")) == ["0.0", "0.1", "1.0", "1.1"]
+    w.update_(jask.from_numpy(np.full(data.shape, 5.0, np.float32)))    # all fill values: still every chunk
+    assert len(os.listdir(p)) == 5 and zarr.open_array(p, mode="r").attrs["units"] == "m"
+    np.testing.assert_array_equal(np.asarray(jask.from_zarr(p)), 5.0)
+
+
+def test_update_of_bfloat16_store_keeps_its_dtype_and_attributes(small_tiles, tmp_path):
+    import ml_dtypes
+    data = _rand((6, 6), 31).astype(ml_dtypes.bfloat16)
+    p = tmp_path / "bf.zarr"
+    jask.to_zarr(jask.from_numpy(data), p, chunks=(3, 3))
+    zarr.open_array(p, mode="r+").attrs["source"] = "run 7"
+    w = jask.from_zarr(p, mode="r+")
+    w.update_(w * 2)
+    assert w.dtype == ml_dtypes.bfloat16
+    np.testing.assert_array_equal(np.asarray(jask.from_zarr(p)), (data * 2).astype(ml_dtypes.bfloat16))
+    assert dict(zarr.open_array(p, mode="r").attrs) == {"source": "run 7",
+                                                       "jask": {"dense": True, "dtype": "bfloat16"}}
+
+
+@pytest.mark.parametrize("layout", [dict(chunks=(8, 8)), dict(chunks=(4, 4), shards=(8, 8)),
+                                    dict(chunks=(8, 8), compressors=zarr.codecs.ZstdCodec())],
+                         ids=["chunks", "shards", "compressed"])
+def test_a_jask_array_zarr_removed_a_chunk_of_fill_values_from(small_tiles, tmp_path, layout):
+    """zarr-python (write_empty_chunks=False) removes a chunk it writes all fill values to. In an array jask
+    wrote every chunk of, jask cannot tell that from damage: the error says what probably happened and names
+    from_zarr(..., missing_chunks="fill"), which reads zarr's values; update_ then stores every chunk again."""
+    from jask.io.read_errors import MissingChunkError
+    p = tmp_path / "dense.zarr"
+    jask.to_zarr(jask.from_numpy(np.ones((16, 16), np.float32)), p, **layout)
+    z = zarr.open_array(p, mode="r+")
+    edge = layout["chunks"][0]
+    z[:edge, :edge] = 0.0                          # one (inner) chunk of fill values: zarr drops it
+    want = z[...]
+    assert want.sum() == 256 - edge * edge
+    with pytest.raises(MissingChunkError, match=r"is missing.*write_empty_chunks=False.*"
+                                                r"jask\.from_zarr\('.*dense\.zarr', missing_chunks='fill'\)"):
+        float(jask.sum(jask.from_zarr(p)))
+    x = jask.from_zarr(p, mode="r+", missing_chunks="fill")
+    np.testing.assert_array_equal(np.asarray(x), want)
+    assert float(jask.sum(x)) == want.sum()
+    x.update_(x + 1.0)
+    np.testing.assert_array_equal(np.asarray(jask.from_zarr(p)), want + 1)    # dense again: reads as it is
+    with pytest.raises(ValueError, match="missing_chunks must be 'auto' or 'fill', got 'zero'"):
+        jask.from_zarr(p, missing_chunks="zero")
+
+
 def test_update_scratch_array(small_tiles):
     A, B = _rand((5, 7), 16), _rand((5, 7), 17)
     x = jask.from_numpy(A)

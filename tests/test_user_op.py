@@ -238,6 +238,28 @@ def test_kwargs_reach_from_inputs_and_distinguish_ops(small_tiles):
         np.testing.assert_allclose(np.asarray(y), -3.0 * A, rtol=RTOL)
 
 
+def test_zero_and_negative_zero_keywords_are_different_ops(small_tiles):
+    """0.0 == -0.0 in Python, but ``1 / (a * -0.0)`` is -inf: two calls with them were one op, and the second
+    got the first's result (a user op's keyword and an operator's baked-in constant alike)."""
+    A = np.abs(_rand((5, 7), 3)) + 1
+    a = jask.from_numpy(A)
+    for factor in (0.0, -0.0, 0.0):
+        with np.errstate(divide="ignore"):
+            want = 1.0 / (A * np.float32(factor))
+        np.testing.assert_array_equal(np.asarray(1.0 / scale(a, factor=factor)), want)
+        np.testing.assert_array_equal(np.asarray(1.0 / (a * factor)), want)
+        np.testing.assert_array_equal(np.asarray(jax.jit(lambda a: 1.0 / (a * factor))(a)), want)
+
+
+def test_numpy_array_keywords_are_frozen(small_tiles):
+    """A 0-d NumPy keyword reaches the op as its NumPy scalar (it failed to freeze), an n-d one as nested tuples."""
+    A = _rand((5, 7), 4)
+    a = jask.from_numpy(A)
+    np.testing.assert_allclose(np.asarray(scale(a, factor=np.array(2.5, np.float32))), 2.5 * A, rtol=RTOL)
+    out = jask.transpose(a.reshape(5, 7, 1), axes=np.array([2, 0, 1]))
+    np.testing.assert_array_equal(np.asarray(out), np.transpose(A.reshape(5, 7, 1), (2, 0, 1)))
+
+
 def test_list_kwarg_is_frozen(small_tiles):
     """A list keyword argument is accepted (made hashable) and reaches from_inputs as a tuple."""
     A = _rand((3, 5, 6), 4)
@@ -255,6 +277,41 @@ def test_user_output_shape_errors_propagate(small_tiles):
     a, b = jask.from_numpy(_rand((5, 7), 1)), jask.from_numpy(_rand((7, 5), 2))
     with pytest.raises(ValueError, match=r"axpy got shapes \(5, 7\) and \(7, 5\)"):
         axpy(a, b, alpha=1.0)
+
+
+class _Shifted(Cube):
+    """A mistake: reads the input block one row of tiles down, past the grid at the last row."""
+
+    def index_map(self, out_idx):
+        return [((out_idx[0] + 1, out_idx[1]),)]
+
+
+class _Gradients(Cube):
+    """A backward_block returning ``self.grads`` (a mistake, in each test)."""
+
+    def __init__(self, grads=None):
+        self.grads = grads
+
+    def backward_block(self, d_out_block, a_block):
+        return {"two": (d_out_block, d_out_block), "none": (None,), "bare": d_out_block}[self.grads]
+
+
+@pytest.mark.parametrize("grads, says", [("two", "one gradient per input \\(1\\), got 2 values"),
+                                         ("none", "gradient for input 0 has None"),
+                                         ("bare", "one gradient per input \\(1\\), got a")])
+def test_contract_mistakes_are_named_by_method(small_tiles, grads, says):
+    """Errors name the method a user got wrong: an index_map block past the input's grid (it was reported
+    as a missing chunk file), backward_block's gradients (an IndexError, or accepted), a positional
+    parameter, a negative output_shape."""
+    a = jask.from_numpy(_rand((5, 7), 8))
+    with pytest.raises(ValueError, match=r"_shifted.index_map\(\(1, 1\)\) asks input 0 for block \(2, 1\), but "
+                                         r"that input has 2 axes and a grid of \(2, 2\) tiles"):
+        make_op(_Shifted)(a)
+    with pytest.raises(TypeError, match=f"_Gradients.backward_block.*{says}"):
+        np.asarray(jax.grad(lambda a: jask.sum(make_op(_Gradients)(a, grads=grads)))(a))
+    with pytest.raises(TypeError, match=r"scale takes 1 DiskArray argument, got 2; pass its parameters by keyword "
+                                        r"\(factor\)"):
+        scale(a, 2.0)
 
 
 def test_non_additive_combine(small_tiles):

@@ -18,11 +18,14 @@ from jask.linalg.transpose import transpose
 
 BINARY = {"add": "add", "sub": "subtract", "mul": "multiply", "truediv": "true_divide",
           "floordiv": "floor_divide", "mod": "remainder", "pow": "power", "eq": "equal", "ne": "not_equal",
-          "lt": "less", "le": "less_equal", "gt": "greater", "ge": "greater_equal"}
-REFLECTED = ("add", "sub", "mul", "truediv", "floordiv", "pow")
-UNARY = {"neg": "negative", "pos": "positive", "abs": "abs"}
-METHODS = ("sum", "mean", "max", "min", "prod", "var", "std", "argmax", "argmin", "astype")
-DEFERRED = ("add", "sub", "mul", "truediv", "pow")   # traced_scalar <op> x under jit/grad reaches x's _r<op>
+          "lt": "less", "le": "less_equal", "gt": "greater", "ge": "greater_equal", "and": "bitwise_and",
+          "or": "bitwise_or", "xor": "bitwise_xor", "lshift": "left_shift", "rshift": "right_shift"}
+REFLECTED = ("add", "sub", "mul", "truediv", "floordiv", "mod", "pow", "and", "or", "xor", "lshift", "rshift")
+UNARY = {"neg": "negative", "pos": "positive", "abs": "abs", "invert": "invert"}
+METHODS = ("sum", "mean", "max", "min", "prod", "var", "std", "argmax", "argmin", "astype", "any", "all", "clip",
+           "round", "ravel")
+# traced_scalar <op> x under jit/grad reaches x's _r<op>
+DEFERRED = ("add", "sub", "mul", "truediv", "floordiv", "mod", "pow", "and", "or", "xor", "lshift", "rshift")
 COMPARISONS = {"eq": "eq", "ne": "ne", "lt": "gt", "le": "ge", "gt": "lt", "ge": "le"}
 
 
@@ -60,6 +63,38 @@ def _jax_array_probe(aval):
     convert ``x``); for them there is none, so Python reaches DiskArray's reflected operator.
     """
     return compat.aval_method(_refuse_jnp) if compat.called_by_jax(JNP_CONVERSIONS) else None
+
+
+def _flatten(self, order="C"):
+    """``x.flatten()``: as ``x.ravel()`` (arrays are immutable, so no copy is needed)."""
+    return jnp_disk.ravel(self, order)
+
+
+def _matrix_transpose(self):
+    """``x.mT``: the last two axes swapped, as on jax arrays."""
+    if self.ndim < 2:
+        raise ValueError(f"x.mT needs an array of at least 2 dimensions, got shape {self.shape}")
+    return jnp_disk.swapaxes(self, -1, -2)
+
+
+def _itemsize(self):
+    return self.dtype.itemsize
+
+
+def _no_attribute(self, name):
+    """An unknown attribute: say that DiskArrays do not support it, not a bare AttributeError.
+
+    A property that raised AttributeError lands here too (``sharding``'s refusal naming the
+    transform): raise its own error again, not this one."""
+    attr = next((vars(k)[name] for k in type(self).__mro__ if name in vars(k)), None)
+    if isinstance(attr, property):
+        return attr.fget(self)
+    if name.startswith("_"):
+        raise AttributeError(f"'DiskArray' object has no attribute {name!r}")
+    raise AttributeError(f"DiskArray.{name} is not supported on DiskArrays (they have the operators, jask.numpy's "
+                         "functions and the methods sum mean max min prod var std argmax argmin any all astype "
+                         "clip round reshape transpose squeeze ravel flatten, T mT itemsize); use "
+                         f"jask.numpy functions, or np.asarray(x) for a small array in memory")
 
 
 def _sharding(self):
@@ -128,6 +163,13 @@ def install() -> None:
         setattr(DiskArrayType, name, compat.aval_method(_method(fn)))
     DiskArray.T = property(_method(transpose))
     DiskArrayType.T = compat.aval_property(_method(transpose))
+    DiskArray.mT = property(_matrix_transpose)
+    DiskArrayType.mT = compat.aval_property(_matrix_transpose)
+    DiskArray.itemsize = property(_itemsize)
+    DiskArrayType.itemsize = compat.aval_property(_itemsize)
+    DiskArray.flatten = _flatten
+    DiskArrayType.flatten = compat.aval_method(_flatten)
+    DiskArray.__getattr__ = DiskArrayType.__getattr__ = _no_attribute   # a traced array asks its type
     for name in METHODS:
         fn = getattr(jnp_disk, name)
         setattr(DiskArray, name, _method(fn))
@@ -142,6 +184,8 @@ def install() -> None:
     DiskArray.to_zarr = _to_zarr
     DiskArray.update_ = _update
     DiskArray.persist = _persist
+    for name, fn in (("to_zarr", _to_zarr), ("update_", _update), ("persist", _persist)):
+        setattr(DiskArrayType, name, compat.aval_method(fn))   # traced: the calls' own "not inside jit" errors
     DiskArrayType.vspace_add = lambda self, x, y: add(x, y)   # summing two tangents of one value
     for name in DEFERRED:
         compat.defer_reflected_operator(DiskArrayType, name)

@@ -17,6 +17,7 @@ from jask.graph.nodes import StoredNode
 from jask.hijax import compat, runtime
 from jask.hijax.array import DiskArray, is_disk_array, type_of
 from jask.hijax.sinks import MaterializePrimitive, PersistPrimitive
+from jask.io.arguments import block_edges, compressor_list
 from jask.io.destinations import check_destination
 from jask.io.groups import commit_group
 from jask.io.remote import RemoteStore, exists, resolve
@@ -87,6 +88,9 @@ def to_zarr(x, path, overwrite: bool = False, chunks=None, compressors=None, sha
     old array stays readable until the new one is complete, and arrays already
     open on it keep their old values. Only a Zarr array is ever replaced: a file
     or another folder at ``path`` is refused before anything is computed.
+    An empty folder at ``path`` is written into. ``chunks`` (and ``shards``) is
+    a tuple of ints, one per axis, or one int for every axis; ``compressors``
+    one Zarr v3 codec (``zarr.codecs.ZstdCodec()``) or a list of them.
     ``shards`` writes the sharded layout (a shard file per ``shards`` block of
     ``chunks``-sized tiles), the fastest to stream. On an object store
     (``s3://``, ``gs://``, ``memory://``) the array is a version committed by one
@@ -111,9 +115,10 @@ def to_zarr(x, path, overwrite: bool = False, chunks=None, compressors=None, sha
     elif exists(where, storage_options) and not overwrite:
         raise FileExistsError(f"to_zarr: {where} already exists; pass overwrite=True to replace it")
     if chunks is not None:
-        chunks = tuple(int(c) for c in chunks)
-        if len(chunks) != x.ndim or any(c < 1 for c in chunks):
-            raise ValueError(f"to_zarr: chunks {chunks} do not fit an array of shape {x.shape}")
+        chunks = block_edges(chunks, x.shape, "to_zarr")
+    if shards is not None:
+        shards = block_edges(shards, x.shape, "to_zarr", "shards")
+    compressors = compressor_list(compressors, x.dtype, "to_zarr")
     runtime.safe_point()
     run([x._node], lambda node, tile: PathSink(
         node, tile, where, overwrite=overwrite, chunks=chunks, compressors=compressors, shards=shards,
@@ -129,9 +134,9 @@ def rechunk(x, chunks, shards=None) -> DiskArray:
     _require("rechunk", x)
     if compat.is_traced(x):
         raise TypeError("rechunk cannot run inside jit")
-    chunks = tuple(int(c) for c in chunks)
-    if len(chunks) != x.ndim or any(c < 1 for c in chunks):
-        raise ValueError(f"rechunk: chunks {chunks} do not fit an array of shape {x.shape}")
+    chunks = block_edges(chunks, x.shape, "rechunk")
+    if shards is not None:
+        shards = block_edges(shards, x.shape, "rechunk", "shards")
     runtime.safe_point()
     (stored,) = run([x._node], lambda node, tile: ScratchSink(
         node, tile, chunks=chunks, shards=shards, adopt=False))
@@ -201,7 +206,7 @@ def update_(target: DiskArray, new_value, resume: bool = False) -> None:
         (store,) = run([new_value._node], lambda node, tile: PathSink(
             node, tile, old_store.path, overwrite=True, writable=True, chunks=old_store.chunks,
             shards=old_store.shards, storage_options=getattr(old_store, "storage_options", None),
-            resume=resume))
+            resume=resume, like=old_store.array))
         target._node = StoredNode(store)
         return
     # Stored values are immutable, so the target may share the new value's storage.
@@ -275,7 +280,7 @@ def commit_together(targets, new_values, resume: bool = False, checkpoint: str |
         def sink(node, tile):
             st = target_of[id(node.resolved())]
             return PathSink(node, tile, st.path, overwrite=True, writable=True, chunks=st.chunks,
-                            shards=st.shards, resume=resume, defer_commit=True,
+                            shards=st.shards, resume=resume, defer_commit=True, like=st.array,
                             attributes={CHECKPOINT: checkpoint} if checkpoint else None)
         pendings = run([v._node for _, v in group], sink)
         committed = commit_group(pendings, lambda p: p.commit(owned=False, replace=True, writable=True),

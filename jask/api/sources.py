@@ -11,6 +11,7 @@ from jask.graph.nodes import StoredNode
 from jask.graph.tiling import block_shape
 from jask.hijax.array import DiskArray, zeros_node
 from jask.io import dtypes
+from jask.io.arguments import block_edges
 from jask.io.remote import open_store
 from jask.plan.tiling import default_tile
 
@@ -40,8 +41,9 @@ def from_numpy(arr, chunks=None) -> DiskArray:
     arr : array_like
         64-bit data is stored in 32 bits while JAX's x64 mode is off, as
         ``jnp.asarray`` would convert it (chunk by chunk: no full copy).
-    chunks : tuple of int, optional
-        Zarr chunk shape; by default the tile shape the memory budget gives.
+    chunks : int or tuple of int, optional
+        Zarr chunk shape (an int: that edge on every axis); by default the
+        tile shape the memory budget gives.
     """
     if isinstance(arr, DiskArray):
         raise TypeError("from_numpy got a DiskArray; it is already disk-backed")
@@ -56,13 +58,11 @@ def from_numpy(arr, chunks=None) -> DiskArray:
         return DiskArray(node=zeros_node(a.shape, dtype))
     if chunks is None:
         chunks = block_shape(a.shape, default_tile(a.shape, dtype.itemsize))
-    chunks = tuple(int(c) for c in chunks)
-    if len(chunks) != a.ndim or any(c < 1 for c in chunks):
-        raise ValueError(f"from_numpy: chunks {chunks} do not fit an array of shape {a.shape}")
+    chunks = block_edges(chunks, a.shape, "from_numpy")
     return DiskArray(node=store_numpy(a, chunks, dtype=dtype))
 
 
-def from_zarr(path_or_array, mode: str = "r", storage_options=None) -> DiskArray:
+def from_zarr(path_or_array, mode: str = "r", storage_options=None, missing_chunks: str = "auto") -> DiskArray:
     """Open an existing Zarr array without copying it.
 
     Parameters
@@ -78,10 +78,18 @@ def from_zarr(path_or_array, mode: str = "r", storage_options=None) -> DiskArray
     storage_options : dict, optional
         For URLs: passed to s3fs/gcsfs as they take them (``key``, ``secret``,
         ``endpoint_url``, ``client_kwargs``, ...).
+    missing_chunks : {"auto", "fill"}
+        A missing chunk reads as the array's fill value, as Zarr specifies,
+        except in arrays jask wrote (``attributes["jask"]["dense"]``: every
+        chunk is stored), where it is damage and raises ``MissingChunkError``.
+        ``"fill"`` reads those as the fill value too: for a jask array later
+        edited by a tool that removes chunks of fill values (zarr-python does).
 
     A ``uint16`` array whose ``attributes["jask"]["dtype"]`` is ``"bfloat16"``
     opens as bfloat16 (how jask stores bfloat16; see :mod:`jask.io.dtypes`).
     """
+    if missing_chunks not in ("auto", "fill"):
+        raise ValueError(f"from_zarr: missing_chunks must be 'auto' or 'fill', got {missing_chunks!r}")
     path = path_or_array
     if not isinstance(path, (str, os.PathLike)):
         store = getattr(path_or_array, "store", None)
@@ -92,7 +100,7 @@ def from_zarr(path_or_array, mode: str = "r", storage_options=None) -> DiskArray
                             f"{type(path_or_array).__name__}{on}; for a store in a bucket pass its URL "
                             "(and storage_options=...)")
         path = os.path.join(str(root), getattr(path_or_array, "path", "") or "")
-    store = open_store(path, mode, storage_options)
+    store = open_store(path, mode, storage_options, fill_missing=(missing_chunks == "fill"))
     check_array_facts(f"from_zarr({store.path!r})", store.shape, store.dtype)
     if mode == "r+" and getattr(store.array.metadata, "zarr_format", 3) != 3:
         raise ValueError(f"from_zarr: {store.path} is a Zarr v2 array; jask reads v2 but writes only v3, "

@@ -50,12 +50,18 @@ def explain(nodes) -> str:
 
 
 def planned_io(p: Plan) -> tuple[int, int, int]:
-    """Bytes the plan reads from stored arrays and writes for its stages, and its windows (from its schedule)."""
-    read = written = n_windows = 0
+    """Bytes the plan reads from stored arrays and writes for its stages, and its windows (from its schedule).
+
+    A custom op's ``forward`` reads as it likes: counted as reading each input once. A root already
+    stored is read once by its sink (a copy writes no computed bytes: ``Stats.bytes_written`` counts none)."""
+    read = sum(nbytes(r.resolved()) for r in p.roots if not isinstance(r.resolved(), OpNode))
+    written = n_windows = 0
     n = len(pass_devices(p, compute_devices()))
     limit, batch = window_limit(p, n), window_input_bytes(compute_device())
     for group in p.groups:
         if isinstance(p.prepared[id(group[0])].op, CustomOp):
+            read += sum(nbytes(i.resolved()) for i in group[0].inputs)
+            written += nbytes(group[0])
             continue
         indices = itertools.product(*map(range, grid(group[0].shape, p.tile)))
         for _, w in spread(p, group, indices, limit, batch, n):

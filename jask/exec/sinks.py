@@ -1,6 +1,8 @@
 """Where a pass's finished tiles go: a scratch store, a user path, or a NumPy array."""
 from __future__ import annotations
 
+import sys
+
 import numpy as np
 
 from jask.exec.events import count
@@ -50,16 +52,17 @@ class PathSink:
     """Writes a node to a user path or store URL, committed atomically (optionally replacing what is there).
 
     ``defer_commit=True``: ``finish`` returns the complete pending store uncommitted (``update_all``).
+    ``like``: the zarr array being replaced (``update_``), whose metadata the new one keeps.
     """
 
     counts_io = True
 
     def __init__(self, node, tile, path, overwrite=False, writable=False, chunks=None, compressors=None,
-                 shards=None, storage_options=None, resume=False, defer_commit=False, attributes=None):
-        self.overwrite, self.writable, self.defer_commit = overwrite, writable, defer_commit
+                 shards=None, storage_options=None, resume=False, defer_commit=False, attributes=None, like=None):
+        self.overwrite, self.writable, self.defer_commit, self.resume = overwrite, writable, defer_commit, resume
         self.pending = new_pending(path, node.shape, node.dtype, chunks or block_shape(node.shape, tile),
                                    compressors=compressors, shards=shards, storage_options=storage_options,
-                                   resume=resume, attributes=attributes)
+                                   resume=resume, attributes=attributes, like=like)
         # resume=True: the executor skips tiles a killed earlier write already put on disk
         self.done = self.pending.done if resume else None
 
@@ -73,7 +76,18 @@ class PathSink:
         return self.pending.commit(owned=False, replace=self.overwrite, writable=self.writable)
 
     def abort(self):
-        self.pending.abort()
+        """Remove the new folder; with ``resume=True`` keep what it has done for the next ``resume=True``
+        write, and say so in a note on the exception being handled (the executor aborts in its handler)."""
+        if not (self.resume and hasattr(self.pending, "release")):
+            self.pending.abort()
+            return
+        kept = self.pending.release()         # None: nothing to keep, removed
+        err = sys.exception()
+        if kept is not None and err is not None:
+            folder, done, total = kept
+            err.add_note(f"{done} of {total} chunks of the resumable write to {self.pending.final_path} are kept "
+                         f"in {folder}: the same call with resume=True continues it, computing only the rest "
+                         "(a write without resume=True removes them)")
 
 
 class MemorySink:

@@ -67,15 +67,28 @@ class OpSpec:
     """
 
     cls: type
-    kwargs: tuple[tuple[str, Any], ...] = ()
+    kwargs: tuple[tuple[str, Any], ...] = dataclasses.field(default=(), compare=False)
     name: str = dataclasses.field(default="", compare=False)
+    # what equality and the hash go by: the kwargs, with floats by their bits (0.0 == -0.0 in Python, yet
+    # 1 / (x * -0.0) is -inf: one spec for both gave the first's result to the second)
+    identity: tuple = dataclasses.field(default=(), repr=False)
 
     def __post_init__(self):
         if not self.name:
             object.__setattr__(self, "name", self.cls.__name__.lower())
+        object.__setattr__(self, "identity", _by_bits(self.kwargs))
 
     def build(self, tiled_inputs):
         return self.cls.from_inputs(*tiled_inputs, **dict(self.kwargs))
+
+
+def _by_bits(value):
+    """``value`` with every float (Python or NumPy) replaced by its type and bits, recursively through tuples."""
+    if isinstance(value, tuple):
+        return tuple(_by_bits(v) for v in value)
+    if isinstance(value, (float, np.floating)):
+        return (type(value).__name__, np.asarray(value).tobytes())
+    return value
 
 
 class OpNode(Node):

@@ -102,6 +102,13 @@ def is_traced(x) -> bool:
     return isinstance(x, Tracer)
 
 
+def tracing() -> bool:
+    """Whether this thread is tracing (inside ``jit``), where JAX calls are staged, not run (all three
+    versions: ``jax._src.core.trace_state_clean``; the trace context is per thread)."""
+    from jax._src import core
+    return not core.trace_state_clean()
+
+
 def wants_grad(accum) -> bool:
     """True when a VJP accumulator slot asks for a gradient (a GradAccum, not a NullAccum)."""
     return isinstance(accum, GradAccum) and not isinstance(accum, NullAccum)

@@ -16,6 +16,7 @@ import numpy as np
 from jask.graph.nodes import OpNode, OpSpec
 from jask.graph.op import BlockParallelOp, CustomOp
 from jask.hijax import compat
+from jask.hijax.contract_checks import check_gradients
 
 
 def gradient_node(spec: OpSpec, wrt: int, nodes) -> OpNode:
@@ -47,11 +48,11 @@ class GradOp(BlockParallelOp):
                 blocks = tuple(tuple(int(i) for i in b) for b in entry)
                 table[blocks[wrt]].append((tuple(out_idx), *blocks))
         specs = [jax.ShapeDtypeStruct(t.block_shape, t.dtype) for t in (d_out, *inputs)]
-        unused = compat.unused_arguments(lambda *xs: op.backward_block(*xs)[wrt], specs)
+        unused = compat.unused_arguments(lambda d, *xs: _gradients(op, d, xs)[wrt], specs)
         return cls(op, wrt, dict(table), unused)
 
     def forward_block(self, d_out_block, *input_blocks):
-        grads = self.forward_op.backward_block(d_out_block, *input_blocks)
+        grads = _gradients(self.forward_op, d_out_block, input_blocks)
         return grads[self.wrt].astype(input_blocks[self.wrt].dtype)
 
     def index_map(self, in_idx):
@@ -68,6 +69,13 @@ class GradOp(BlockParallelOp):
 
     def output_dtype(self, *dtypes):
         return dtypes[1 + self.wrt]
+
+
+def _gradients(op, d_out_block, input_blocks):
+    """``op.backward_block``'s gradients, checked against the contract (one per input, of its block's shape)."""
+    grads = op.backward_block(d_out_block, *input_blocks)
+    check_gradients(type(op).__name__, grads, input_blocks)
+    return grads
 
 
 class CustomGradOp(CustomOp):

@@ -44,17 +44,19 @@ from jask.graph.nodes import OpSpec, StoredNode
 from jask.graph.op import BlockParallelOp, CustomOp, _Op
 from jask.hijax import compat, runtime
 from jask.hijax.array import DiskArray, is_disk_array, type_of, zeros_node
-from jask.hijax.primitives import OpPrimitive, call_time_op, output_type
+from jask.hijax.contract_checks import check_index_map
+from jask.hijax.primitives import OpPrimitive, call_time_inputs, output_type
 
 
 def freeze(value):
-    """Make keyword arguments hashable (lists become tuples) so ops can key caches."""
+    """Make keyword arguments hashable so ops can key caches: lists and NumPy arrays become (nested)
+    tuples, a 0-d NumPy array its NumPy scalar, a dict its sorted items."""
     if isinstance(value, (list, tuple)):
         return tuple(freeze(v) for v in value)
     if isinstance(value, dict):
         return tuple(sorted((k, freeze(v)) for k, v in value.items()))
     if isinstance(value, np.ndarray):
-        return tuple(value.tolist())
+        return value[()] if value.ndim == 0 else freeze(value.tolist())
     try:
         hash(value)
     except TypeError:
@@ -83,8 +85,10 @@ def _call_checker(name, cls):
 
     def check(n_inputs, kwargs):
         if n_arrays is not None and n_inputs != n_arrays:
+            hint = f"; pass its parameters by keyword ({', '.join(accepted)})" if n_inputs > n_arrays and accepted \
+                else ""
             raise TypeError(f"{name} takes {n_arrays} DiskArray argument{'s' * (n_arrays != 1)}, "
-                            f"got {n_inputs}")
+                            f"got {n_inputs}{hint}")
         unknown = sorted(set(kwargs) - set(accepted))
         if unknown and not open_ended:
             takes = f"keyword arguments: {', '.join(accepted)}" if accepted else "no keyword arguments"
@@ -110,6 +114,11 @@ def _check_inputs(name, inputs, scalars_ok=False):
     for pos, x in enumerate(inputs):
         if scalars_ok and is_scalar_operand(x):
             continue
+        if not is_disk_array(x) and compat.is_traced(x):
+            raise TypeError(f"{name} expects DiskArray inputs; argument {pos} is a traced in-memory value of shape "
+                            f"{np.shape(x)} (inside jit or grad), which a DiskArray op takes only as a 0-d scalar. "
+                            "Pass it as a DiskArray: jask.from_numpy(value) outside jit and grad (its gradient then "
+                            "comes back as a DiskArray)")
         if not is_disk_array(x):
             raise TypeError(f"{name} expects DiskArray inputs; argument {pos} is {type(x).__name__}. "
                             "Wrap in-memory data with jask.from_numpy")
@@ -160,17 +169,25 @@ def make_op(cls, doc: str | None = None, name: str | None = None):
 
     def op(*inputs, **kwargs):
         scalars_ok = getattr(cls, "scalar_operands", False)
-        _check_inputs(op_name, inputs, scalars_ok)
         check_call(len(inputs), kwargs)
+        _check_inputs(op_name, inputs, scalars_ok)
         if scalars_ok:
             inputs = tuple(x if is_disk_array(x) or compat.is_traced(x) else jax.numpy.asarray(x) for x in inputs)
         if not any(compat.is_traced(x) for x in inputs):
             runtime.safe_point()
         spec = OpSpec(cls, tuple(sorted((k, freeze(v)) for k, v in kwargs.items())), op_name)
         types = [_input_type(x) for x in inputs]
-        out = output_type(spec, call_time_op(spec, types), types)
+        tiled, tile = call_time_inputs(types)
+        built = spec.build(tiled)
+        out = output_type(spec, built, types)
         if any(t.size == 0 for t in types) or out.size == 0:
             return empty_result(op_name, cls, out)
+        if issubclass(cls, CustomOp):
+            if out.shape == ():
+                raise NotImplementedError(f"{op_name}: a CustomOp's output has at least one axis (its output_shape "
+                                          "returned ()); return shape (1,) and index the result")
+        else:
+            check_index_map(op_name, built, tiled, out.shape, tile)
         return OpPrimitive(spec, types, out)(*inputs)
 
     op.__name__ = op.__qualname__ = op_name

@@ -27,12 +27,17 @@ from jask.hijax.residuals import keep_small_residuals
 from jask.plan.tiling import default_tile
 
 
-def call_time_op(spec: OpSpec, types):
-    """Build the op for the default tiling, to validate inputs and learn the output shape."""
+def call_time_inputs(types):
+    """The inputs as ``from_inputs`` sees them at the default tiling, and that tile edge."""
     biggest = max(types, key=lambda t: t.size)
     tile = default_tile(biggest.shape, biggest.dtype.itemsize)
     blocks = [tuple(max(b, 1) for b in block_shape(t.shape, tile)) for t in types]   # an empty axis: one block
-    return spec.build([TiledInput(t.shape, t.dtype, b) for t, b in zip(types, blocks)])
+    return [TiledInput(t.shape, t.dtype, b) for t, b in zip(types, blocks)], tile
+
+
+def call_time_op(spec: OpSpec, types):
+    """Build the op for the default tiling, to validate inputs and learn the output shape."""
+    return spec.build(call_time_inputs(types)[0])
 
 
 def output_type(spec: OpSpec, op, types):
@@ -50,6 +55,8 @@ def output_type(spec: OpSpec, op, types):
         shape = tuple(int(d) for d in shape)
     except TypeError:
         raise TypeError(f"{spec.name}.output_shape must return a tuple of ints, got {shape!r}") from None
+    if any(d < 0 for d in shape):
+        raise ValueError(f"{spec.name}.output_shape returned {shape}, with a negative length")
     dtype = np.dtype(op.output_dtype(*dtypes))
     if shape == ():
         return compat.ShapedArray((), dtype)
@@ -67,7 +74,8 @@ class OpPrimitive(compat.HiPrimitive):
 
     def expand(self, *args):
         (out,) = runtime.host_call(ApplyOp(self.spec, self.loss), (self.out_aval,),
-                                   [runtime.ref_of(a) for a in args], _array_flags(self.in_avals))
+                                   [runtime.ref_of(a, t) for a, t in zip(args, self.in_avals)],
+                                   _array_flags(self.in_avals))
         return out
 
     def vjp_fwd(self, nzs_in, *args):
@@ -109,7 +117,7 @@ class BackwardPrimitive(compat.HiPrimitive):
         super().__init__()
 
     def expand(self, g, *args):
-        refs = [runtime.ref_of(g)] + [runtime.ref_of(a) for a in args]
+        refs = [runtime.ref_of(g)] + [runtime.ref_of(a, t) for a, t in zip(args, self.in_avals[1:])]
         return runtime.host_call(ApplyBackward(self.spec, self.wanted), self.out_aval, refs,
                                  [is_disk_array(g)] + _array_flags(self.in_avals[1:]))
 

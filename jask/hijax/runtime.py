@@ -8,6 +8,7 @@ dataclasses: hashable and value-equal, so identical ops reuse compiled code.
 """
 from __future__ import annotations
 
+import concurrent.futures
 import dataclasses
 
 import jax
@@ -16,6 +17,7 @@ import numpy as np
 from jask.exec.devices import in_callback, inside_callback
 from jask.graph.nodes import Node, ScalarNode, handles
 from jask.hijax.array import DiskArray, DiskArrayType
+from jask.hijax import compat
 from jask.hijax.compat import is_traced
 
 
@@ -61,7 +63,10 @@ def host_call(fn, out_avals, args, array_in):
     """
     array_out = tuple(isinstance(a, DiskArrayType) for a in out_avals)
     if not any(is_traced(a) for a in args):
-        outs = fn(*args)
+        # concrete arguments inside a jit trace (closed-over DiskArrays): the host function's own JAX calls
+        # (its window programs) must run now, not be staged into the outer program: on a thread of its own,
+        # whose trace context is clean
+        outs = _untraced(fn, args) if compat.tracing() else fn(*args)
         return tuple(DiskArray(node=o) if is_arr else jax.numpy.asarray(o, dtype=a.dtype)
                      for o, a, is_arr in zip(outs, out_avals, array_out))
     results = [jax.ShapeDtypeStruct((), np.int32) if is_arr else jax.ShapeDtypeStruct(a.shape, a.dtype)
@@ -76,10 +81,21 @@ def host_call(fn, out_avals, args, array_in):
                  for o, a, is_arr in zip(outs, out_avals, array_out))
 
 
-def ref_of(x):
-    """What a host function receives for one argument: a Node, a traced handle, or a scalar."""
+def _untraced(fn, args):
+    """``fn(*args)`` on another thread (JAX's trace context is per thread), its exception raised here."""
+    with concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="jask-untraced") as pool:
+        return pool.submit(fn, *args).result()
+
+
+def ref_of(x, aval=None):
+    """What a host function receives for one argument: a Node, a traced handle, or a scalar.
+
+    A Python number (the primal ``jax.grad`` passes eagerly for ``grad(f)(2.0)``) comes as a
+    NumPy scalar of its ``aval``'s dtype, not NumPy's float64."""
     if isinstance(x, DiskArray):
         return x._node if x._node is not None else x._handle
+    if aval is not None and isinstance(x, (bool, int, float, complex)):
+        return np.asarray(x, aval.dtype)
     return x
 
 

@@ -4,7 +4,8 @@ zarr 3.1 has no bfloat16 data type, so jask stores a bfloat16 array as
 ``uint16`` holding the same bits and records the real dtype in the array's
 attributes: ``attributes["jask"]["dtype"] == "bfloat16"``. Tiles cross the
 read/write boundary by ``ndarray.view`` (no copy, no rounding). Every other
-dtype is stored as itself and gets no attribute.
+dtype is stored as itself and gets no attribute. A big-endian array (Zarr v2
+``'>f4'``) is computed in the same dtype in this machine's byte order.
 
 A reader that does not know jask sees a ``uint16`` array and the attribute;
 ``z[...].view(ml_dtypes.bfloat16)`` recovers the values. Marking a ``uint16``
@@ -15,6 +16,8 @@ from __future__ import annotations
 
 import ml_dtypes
 import numpy as np
+
+from jask.io import metadata
 
 ATTRIBUTE = "dtype"  # key inside attributes["jask"]
 BFLOAT16 = np.dtype(ml_dtypes.bfloat16)
@@ -39,15 +42,15 @@ def dtype_attributes(dtype) -> dict:
 
 
 def logical_dtype(array, path: str = "") -> np.dtype:
-    """The dtype jask computes in for a zarr ``array``: the recorded one, else the stored one.
+    """The dtype jask computes in for a zarr ``array``: the recorded one, else the stored one in this
+    machine's byte order (JAX computes in no other; reads convert, :func:`to_logical`).
 
     Raises ``ValueError`` when the attribute names a dtype jask does not know,
     or one whose storage dtype is not what the array holds: viewing those
     bits as the recorded dtype would give wrong values.
     """
-    stored = np.dtype(array.dtype)
-    attrs = getattr(array, "attrs", None) or {}
-    name = (attrs.get("jask") or {}).get(ATTRIBUTE) if hasattr(attrs, "get") else None
+    stored = native(array.dtype)
+    name = metadata.jask_attributes(array).get(ATTRIBUTE)
     if name is None:
         return stored
     where = f" at {path}" if path else ""
@@ -61,6 +64,12 @@ def logical_dtype(array, path: str = "") -> np.dtype:
     return logical
 
 
+def native(dtype) -> np.dtype:
+    """``dtype`` in this machine's byte order (a Zarr v2 ``'>f4'`` array is computed as ``float32``)."""
+    dtype = np.dtype(dtype)
+    return dtype if dtype.isnative else dtype.newbyteorder("=")
+
+
 def to_storage(block) -> np.ndarray:
     """``block`` as the bits Zarr stores (a view for bfloat16; unchanged otherwise)."""
     block = np.asarray(block)
@@ -69,6 +78,9 @@ def to_storage(block) -> np.ndarray:
 
 
 def to_logical(block: np.ndarray, dtype) -> np.ndarray:
-    """A block read from storage, viewed as the array's logical ``dtype`` (no copy)."""
+    """A block read from storage, viewed as the array's logical ``dtype`` (no copy), or converted where only
+    the byte order differs (a view would reinterpret the bytes)."""
     dtype = np.dtype(dtype)
-    return block if block.dtype == dtype else block.view(dtype)
+    if block.dtype == dtype:
+        return block
+    return block.astype(dtype) if native(block.dtype) == dtype else block.view(dtype)

@@ -50,6 +50,13 @@ def new_token() -> str:
     return _HOST + _tag + secrets.token_hex(2)
 
 
+def released_token() -> str:
+    """A token for a leftover this process gives up while it lives (a failed ``resume=True`` write keeps
+    its folder): another process tag than its own, so here :func:`owner_gone` counts it as ended at once,
+    as a killed run's; other processes see a live pid and leave it alone until this process ends."""
+    return _HOST + f"{(int(_tag, 16) + 1) % 0x10000:04x}" + secrets.token_hex(2)
+
+
 def sibling(path: str, kind: str, token: str | None = None) -> str:
     """A hidden sibling of ``path`` owned by this process: ``.NAME.jask-KIND-PID-TOKEN``."""
     head, name = os.path.split(os.path.abspath(path))

@@ -19,3 +19,11 @@ class MissingChunkError(TileReadError, FileNotFoundError):
 
 class CorruptChunkError(TileReadError, ValueError):
     """A chunk file is there but damaged: wrong size, bad shard index, or undecodable."""
+
+
+def dense_hint(path: str, fill_value) -> str:
+    """What a missing chunk of an array jask wrote (``attributes.jask.dense``) probably means, and what to do."""
+    return (f"; jask wrote every chunk of this array, so a missing one is damage or a partial copy, unless "
+            f"another Zarr tool wrote a chunk of fill values ({fill_value}) and so removed its file "
+            "(zarr-python does, with its default write_empty_chunks=False). If the array was edited so, "
+            f"read missing chunks as the fill value: jask.from_zarr({str(path)!r}, missing_chunks='fill')")

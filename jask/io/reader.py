@@ -14,7 +14,9 @@
   prefetcher uses it under the ``read_mmap`` setting.
 
 Stores jask writes store every chunk (``attributes.jask.dense``), so a chunk
-file that is missing there is damage and raises :class:`MissingChunkError`;
+file that is missing there is damage and raises :class:`MissingChunkError`
+(its message says how another Zarr tool's edit can cause it, and that
+``from_zarr(..., missing_chunks="fill")`` reads such an array);
 in other stores a missing chunk reads as the fill value, as Zarr specifies.
 A chunk that is there but cannot be used (an uncompressed chunk or shard of
 the wrong size, a shard index failing its checksum, a compressed chunk the
@@ -37,11 +39,11 @@ from typing import NamedTuple
 
 import numpy as np
 
-from jask.io import dtypes, faults, leases, maps
+from jask.io import dtypes, faults, leases, maps, metadata
 from jask.io.buffers import aligned_empty
 from jask.io.layout import MAX_UINT64, ChunkLayout, covering, describe_region
 from jask.io.pins import folder_deleted, folder_emptied
-from jask.io.read_errors import CorruptChunkError, MissingChunkError, TileReadError
+from jask.io.read_errors import CorruptChunkError, MissingChunkError, TileReadError, dense_hint
 
 _INDEX_CACHE = 256  # shard indexes kept per reader (16 bytes per inner chunk each)
 
@@ -82,8 +84,8 @@ class TileReader:
         self._pin = getattr(store, "_pin", None)          # ``root`` names the pin's descriptor: keep it open
         self.layout = ChunkLayout(store.array)
         self.dtype = dtypes.logical_dtype(store.array, store.path)  # layout.dtype is what is on disk
-        attrs = getattr(store.array, "attrs", {}) or {}
-        self.dense = bool((attrs.get("jask") or {}).get("dense", False))
+        # a missing chunk of a jask-written array is damage, unless the user opened it saying otherwise
+        self.dense = metadata.is_dense(store.array) and not getattr(store, "fill_missing", False)
         self._indexes: OrderedDict = OrderedDict()
         self._lock = threading.Lock()
         self._ts = _open_tensorstore(self.root, self.array) if self.layout.mode == "zarr" else None
@@ -155,7 +157,10 @@ class TileReader:
         """The error for a missing chunk file: the store's, where its whole folder went (``folder_emptied``)."""
         if folder_emptied(self._pin, self.path):
             self._deleted()
-        raise MissingChunkError(f"chunk file {key} of {self.path} is missing", path=self.path)
+        raise MissingChunkError(f"chunk file {key} of {self.path} is missing{self._hint()}", path=self.path)
+
+    def _hint(self) -> str:
+        return dense_hint(self.path, self.array.fill_value) if self.dense else ""
 
     def _require_file(self, outer_coords):
         key = self._chunk_key(outer_coords)
@@ -270,7 +275,7 @@ class TileReader:
             if offset == int(MAX_UINT64):
                 if self.dense:
                     raise MissingChunkError(f"inner chunk {tuple(coords)} is missing from shard {key} "
-                                            f"of {self.path}", path=self.path)
+                                            f"of {self.path}{self._hint()}", path=self.path)
                 dest[...] = self.array.fill_value
                 return
             if length != self._chunk_nbytes():

@@ -27,7 +27,7 @@ import zarr
 from zarr.core.buffer.cpu import Buffer, NDBuffer
 from zarr.core.sync import sync
 
-from jask.io import backends, dtypes, faults, versions
+from jask.io import backends, dtypes, faults, metadata, versions
 from jask.io.layout import check_shards, describe_region
 from jask.io.reader import CorruptChunkError, MissingChunkError, TileReadError, prepare_read
 from jask.io.open_local import open_existing
@@ -35,19 +35,22 @@ from jask.io.store import PendingStore, Store, describe_array
 from jask.io.urls import Location, RemoteStoreError, parse
 
 
-def open_store(path_or_url, mode: str, storage_options=None) -> Store:
-    """``from_zarr``'s opener: a local path through :func:`open_existing`, a URL through the version pointer."""
+def open_store(path_or_url, mode: str, storage_options=None, fill_missing: bool = False) -> Store:
+    """``from_zarr``'s opener: a local path through :func:`open_existing`, a URL through the version pointer.
+    ``fill_missing``: missing chunks read as the fill value even where jask wrote every chunk."""
     if mode not in ("r", "r+"):
         raise ValueError(f"from_zarr mode must be 'r' or 'r+', got {mode!r}")
     where = resolve(path_or_url, storage_options, "from_zarr")
     if not isinstance(where, Location):
-        return open_existing(where, mode)
+        store = open_existing(where, mode)
+        store.fill_missing = fill_missing
+        return store
     root = backends.zarr_store(where, storage_options, "from_zarr")
     current = versions.read_pointer(root, where, "from_zarr")
     if current is None:
         raise FileNotFoundError(f"from_zarr: no Zarr array at {where.url}")
     try:
-        array = versions.open_version(root, current, mode, where.url)
+        array = versions.open_version(root, current, mode, where.url, fill_missing)
     except (RemoteStoreError, FileNotFoundError):
         raise
     except Exception as e:  # zarr raises several types for malformed metadata
@@ -66,16 +69,17 @@ def resolve(path_or_url, storage_options, what: str):
 
 
 def new_pending(path_or_url, shape, dtype, chunks, compressors=None, shards=None, storage_options=None,
-                what: str = "to_zarr", resume: bool = False, attributes=None):
+                what: str = "to_zarr", resume: bool = False, attributes=None, like=None):
     """A pending store at a local path (:class:`PendingStore`) or a URL (:class:`RemotePendingStore`);
-    ``attributes``: more ``jask`` attributes, local stores only (an optimizer checkpoint's link)."""
+    ``attributes``: more ``jask`` attributes, local stores only (an optimizer checkpoint's link);
+    ``like``: the zarr array it replaces, whose metadata it keeps (``update_``)."""
     where = parse(path_or_url, what)
     if not isinstance(where, Location):
         return PendingStore(where, shape, dtype, chunks, compressors=compressors, shards=shards, resume=resume,
-                            attributes=attributes)
+                            attributes=attributes, like=like)
     if resume:
         raise ValueError(f"{what}: resume=True works for local folders only, not for the store URL {where}")
-    return RemotePendingStore(where, shape, dtype, chunks, compressors, shards, storage_options, what)
+    return RemotePendingStore(where, shape, dtype, chunks, compressors, shards, storage_options, what, like=like)
 
 
 def exists(location: Location, storage_options=None, what: str = "to_zarr") -> bool:
@@ -196,7 +200,7 @@ class RemotePendingStore:
     """
 
     def __init__(self, location: Location, shape, dtype, chunks, compressors=None, shards=None,
-                 storage_options=None, what: str = "to_zarr"):
+                 storage_options=None, what: str = "to_zarr", like=None):
         self.location = location
         self.final_path = location.url
         self.storage_options = storage_options
@@ -212,9 +216,9 @@ class RemotePendingStore:
         try:
             self.array = zarr.create_array(
                 backends.version_store(self._root, self.version), shape=tuple(shape), dtype=dtypes.storage_dtype(dtype),
-                chunks=tuple(chunks), shards=shards, compressors=compressors, fill_value=0, zarr_format=3,
-                config={"write_empty_chunks": True},
-                attributes={"jask": {"dense": True, **dtypes.dtype_attributes(dtype)}})
+                zarr_format=3, config={"write_empty_chunks": True},
+                **{"chunks": tuple(chunks), "shards": shards,
+                   **metadata.new_array({"dense": True, **dtypes.dtype_attributes(dtype)}, compressors, like)})
             if faults.hook is not None:
                 faults.fire("after_create", path=self.final_path)
         except BaseException as e:

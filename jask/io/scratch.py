@@ -96,12 +96,25 @@ def real_disks(limit: int = 8) -> list[tuple[str, str]]:
     return found[:limit]
 
 
-def check_scratch_dir(path: str, allow_tmpfs: bool) -> None:
-    """Refuse a scratch dir on a RAM-backed filesystem unless explicitly allowed (:class:`TmpfsScratchError`;
-    :class:`~jask.io.urls.StoreURLError` for a malformed store URL)."""
-    path = urls.parse(path, "scratch_dir")     # file:// URLs become paths
+def check_scratch_dir(path: str, allow_tmpfs: bool, source: str = "scratch_dir") -> None:
+    """Refuse a scratch dir in RAM (a tmpfs or ramfs folder, a ``memory://`` URL) unless explicitly allowed
+    (:class:`TmpfsScratchError`), a path that is or lies under a file (``NotADirectoryError``), and a
+    malformed store URL (:class:`~jask.io.urls.StoreURLError`); ``source`` names the setting in messages."""
+    path = urls.parse(path, source)     # file:// URLs become paths
     if isinstance(path, urls.Location):
+        if path.scheme == "memory" and not allow_tmpfs:
+            raise TmpfsScratchError(
+                f"{source}: scratch dir {path.url!r} is a memory:// URL, which lives in this process's RAM and "
+                "would defeat the memory budget; choose a folder on a real disk (or an s3:// or gs:// URL), "
+                "or pass allow_tmpfs=True to use it anyway", path.url, real_disks())
         return
+    probe = path
+    while not os.path.lexists(probe):
+        probe = os.path.dirname(probe)
+    if not os.path.isdir(probe):
+        where = "is a file" if probe == path else f"lies under {probe}, which is a file"
+        raise NotADirectoryError(f"{source}: scratch dir {path!r} {where}, not a folder; choose a folder "
+                                 "(it is created if missing)")
     fstype = _fstype_of(path)
     if fstype in _RAM_FILESYSTEMS and not allow_tmpfs:
         fallback = cache_scratch_dir()
@@ -110,7 +123,7 @@ def check_scratch_dir(path: str, allow_tmpfs: bool) -> None:
         disks = real_disks()
         listed = ", ".join(f"{m} ({t})" for m, t in disks) or "none found in /proc/mounts"
         raise TmpfsScratchError(
-            f"scratch dir {path!r} is on {fstype}, which lives in RAM and would defeat the memory "
+            f"{source}: scratch dir {path!r} is on {fstype}, which lives in RAM and would defeat the memory "
             f"budget; choose a folder on a real disk with the environment variable JASK_SCRATCH_DIR or "
             f"jask.set_memory_budget(..., scratch_dir=...) ({hint}leave both unset to use it); "
             f"real disks mounted here: {listed}; or pass allow_tmpfs=True to use it anyway", path, disks)
@@ -120,14 +133,21 @@ def scratch_location() -> tuple[str, str]:
     """The scratch root the next store would use, and why it was chosen (a short phrase)."""
     config = _current_settings()
     if config.scratch_dir:
-        source = "JASK_SCRATCH_DIR" if config.scratch_dir == os.environ.get("JASK_SCRATCH_DIR") \
-            else "set_memory_budget(scratch_dir=...)"
-        return config.scratch_dir, f"from {source}"
+        return config.scratch_dir, f"from {_source()}"
     temp = os.path.join(tempfile.gettempdir(), "jask-scratch")
     fstype = _fstype_of(temp)
     if fstype in _RAM_FILESYSTEMS and not config.allow_tmpfs:
         return cache_scratch_dir(), f"default: {os.path.dirname(temp)} is on {fstype}, so the user cache dir"
     return temp, "default: $TMPDIR/jask-scratch"
+
+
+def _source() -> str:
+    """The setting the scratch dir comes from, as messages name it (``JASK_SCRATCH_DIR``...)."""
+    config = _current_settings()
+    if not config.scratch_dir:
+        return "the default scratch dir"
+    return "JASK_SCRATCH_DIR" if config.scratch_dir == os.environ.get("JASK_SCRATCH_DIR") \
+        else "set_memory_budget(scratch_dir=...)"
 
 
 def _default_root() -> str:
@@ -194,12 +214,13 @@ def process_dir() -> str:
     if isinstance(root, urls.Location):   # an object store: each store deletes itself when freed (jask.io.remote)
         root = root.url
         if _process_dir is None or not _process_dir.startswith(root.rstrip("/") + "/"):
+            check_scratch_dir(root, _current_settings().allow_tmpfs, _source())
             folder = f"jask-{os.getpid()}-{new_token()}"
             remote_scratch.claim(root, folder, storage_options())   # after sweeping dead processes' folders
             _process_dir = f"{root.rstrip('/')}/{folder}"
         return _process_dir
     if _process_dir is None or os.path.dirname(_process_dir) != os.path.abspath(root):
-        check_scratch_dir(root, _current_settings().allow_tmpfs)
+        check_scratch_dir(root, _current_settings().allow_tmpfs, _source())
         created_root = not os.path.isdir(root)
         os.makedirs(root, exist_ok=True)
         remove_stale(root)

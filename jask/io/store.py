@@ -27,12 +27,12 @@ import weakref
 import numpy as np
 import zarr
 
-from jask.io import dtypes, durable, exchange, faults, scratch
-from jask.io.owners import sibling as _sibling
+from jask.io import dtypes, durable, exchange, faults, metadata, scratch
+from jask.io.owners import released_token, sibling as _sibling
 from jask.io.layout import check_shards, describe_region
 from jask.io.pins import Pin, drop_retired, folder_deleted, remove_tree
 from jask.io.recovery import recover, sweep
-from jask.io.resume import ChunkJournal, claim, warn_before_removing
+from jask.io.resume import ChunkJournal, claim, progress, warn_before_removing
 from jask.io.writer import ChunkFileWriter, make_chunk_writer
 
 
@@ -74,6 +74,7 @@ class Store:
         self.array = array
         self.owned = owned
         self.writable = writable
+        self.fill_missing = False      # from_zarr(missing_chunks="fill"): even a jask array's missing chunks
         self._pin = pin
         self._folder = _Folder(self.path) if owned else None
         _open_stores.setdefault(self.path, weakref.WeakSet()).add(self)
@@ -130,6 +131,15 @@ class Store:
         _open_stores.setdefault(self.path, weakref.WeakSet()).add(self)
 
 
+def _removed_if_empty(path: str) -> bool:
+    """Remove ``path`` if it is an empty folder (a new array goes there: ``rmdir`` fails on anything else)."""
+    try:
+        os.rmdir(path)
+    except OSError:
+        return False
+    return True
+
+
 class _Folder:
     """Ownership of a folder shared by several Store objects: removed once none refers to it."""
 
@@ -158,7 +168,8 @@ def _move_open_stores(path: str, aside: str) -> bool:
 class PendingStore:
     """A store being written under a hidden name; :meth:`commit` makes it visible.
 
-    Every chunk is written, even all-zero ones, and the array is marked
+    ``like``: the array this one replaces (``update_``), whose metadata it keeps
+    (:func:`jask.io.metadata.carried_over`). Every chunk is written, even all-zero ones, and the array is marked
     ``attributes["jask"]["dense"]``, so readers can tell a missing chunk file
     (damage) from an unwritten one. With ``shards``, the array uses the Zarr v3
     sharding codec: ``shards`` is the shape of one shard file (the unit of disk
@@ -168,7 +179,7 @@ class PendingStore:
     """
 
     def __init__(self, final_path: str, shape, dtype, chunks, compressors=None, shards=None, resume=False,
-                 attributes=None):
+                 attributes=None, like=None):
         self.final_path = os.path.abspath(final_path)
         self.what = describe_array(shape, dtype, self.final_path)
         os.makedirs(os.path.dirname(self.final_path), exist_ok=True)
@@ -188,11 +199,11 @@ class PendingStore:
             check_shards(shape, chunks, shards)
         self._finalizer = weakref.finalize(self, remove_tree, self.tmp_path)
         try:
-            self.array = zarr.create_array(
-                self.tmp_path, shape=tuple(shape), dtype=dtypes.storage_dtype(dtype), chunks=tuple(chunks),
-                shards=shards, compressors=compressors, fill_value=0, zarr_format=3,
-                config={"write_empty_chunks": True},
-                attributes={"jask": {"dense": True, **dtypes.dtype_attributes(dtype), **(attributes or {})}})
+            entries = {"dense": True, **dtypes.dtype_attributes(dtype), **(attributes or {})}
+            self.array = zarr.create_array(      # (``like``'s sharding codec may stand for chunks and shards)
+                self.tmp_path, shape=tuple(shape), dtype=dtypes.storage_dtype(dtype), zarr_format=3,
+                config={"write_empty_chunks": True}, **{"chunks": tuple(chunks), "shards": shards,
+                                                        **metadata.new_array(entries, compressors, like)})
             self._writer = make_chunk_writer(self.array, self.tmp_path, on_written=early)
             self._journal = None                         # resume=True: chunks on disk (jask.io.resume)
             if resume and isinstance(self._writer, ChunkFileWriter):
@@ -237,6 +248,22 @@ class PendingStore:
         """Remove the hidden folder (idempotent; a no-op once committed or kept)."""
         self._finalizer()
 
+    def release(self) -> tuple[str, int, int] | None:
+        """After a failed ``resume=True`` write: keep its journaled folder for a later ``resume=True`` write,
+        as a kill would, renamed as an ended process's (:func:`jask.io.owners.released_token`); returns
+        ``(folder, chunks done, chunks in all)``. None, having removed it, when no chunk is journaled."""
+        if self._journal is None or not self._journal.done or not self._finalizer.alive:
+            self.abort()
+            return None
+        kept = _sibling(self.final_path, "tmp", released_token())
+        try:
+            os.rename(self.tmp_path, kept)
+        except OSError:
+            self.abort()
+            return None
+        self._finalizer.detach()
+        return (kept, *progress(kept))
+
     def readable(self) -> Store:
         """The complete array, read where it is written, before its commit: later stages of the same
         run read an ``update_all`` value there (the commit comes after the run)."""
@@ -279,7 +306,7 @@ class PendingStore:
                 faults.fire("before_commit", path=self.final_path)
             if self._journal is not None:               # complete: a committed array carries no journal
                 self._journal.remove()
-            exists = os.path.lexists(self.final_path)
+            exists = os.path.lexists(self.final_path) and not _removed_if_empty(self.final_path)
             if exists and not replace:
                 raise FileExistsError(f"{self.final_path} already exists; pass overwrite=True to replace it")
             pin = None if owned else Pin(self.tmp_path)   # the new folder, wherever it is renamed

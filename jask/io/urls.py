@@ -82,6 +82,8 @@ def parse(path_or_url, what: str = "store") -> "str | Location":
     value = os.fspath(path_or_url)
     if isinstance(value, bytes):
         value = os.fsdecode(value)
+    if not value:          # os.path.abspath("") would be the working directory
+        raise ValueError(f"{what}: the path is empty; name the Zarr array's folder (or a store URL)")
     if not is_url(value):
         return os.path.abspath(value)
     scheme, slashes, rest = _URL.match(value).groups()

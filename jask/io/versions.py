@@ -26,7 +26,7 @@ from zarr.core.buffer.cpu import Buffer
 from zarr.core.sync import sync
 from zarr.storage import WrapperStore
 
-from jask.io import backends
+from jask.io import backends, metadata
 from jask.io.reader import MissingChunkError
 from jask.io.urls import Location, RemoteStoreError, StoreURLError
 
@@ -65,7 +65,8 @@ def read_pointer(root, location: Location, what: str) -> str | None:
     doc = json.loads(raw.to_bytes())
     if doc.get("node_type") == "array":
         return ""
-    current = ((doc.get("attributes") or {}).get("jask") or {}).get("current")
+    marker = (doc.get("attributes") or {}).get("jask")
+    current = marker.get("current") if isinstance(marker, dict) else None
     if doc.get("node_type") == "group" and isinstance(current, str) and current.startswith("v-"):
         return current
     raise ValueError(f"{what}: {location.url} holds a Zarr {doc.get('node_type', 'node')} that is not "
@@ -101,11 +102,12 @@ class DenseStore(WrapperStore):
         return buf
 
 
-def open_version(root, version: str, mode: str, url: str):
-    """Open the array of ``version`` (``""``: the plain array at the root) through a :class:`DenseStore`."""
+def open_version(root, version: str, mode: str, url: str, fill_missing: bool = False):
+    """Open the array of ``version`` (``""``: the plain array at the root) through a :class:`DenseStore`
+    (``fill_missing``: missing chunks read as the fill value all the same)."""
     state = {"dense": False, "url": f"{url}/{version}" if version else url}
     array = zarr.open_array(DenseStore(backends.version_store(root, version), state), mode=mode)
-    state["dense"] = bool((array.attrs.get("jask") or {}).get("dense", False))
+    state["dense"] = metadata.is_dense(array) and not fill_missing
     return array
 
 

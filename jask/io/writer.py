@@ -202,7 +202,7 @@ def make_chunk_writer(array, root: str, on_written=None):
     ``"power"`` starts the file's writeback there).
     """
     layout = ChunkLayout(array)
-    if layout.mode == "shard":
+    if layout.mode == "shard" and layout.index_at_end:     # (an index first, kept by update_: zarr places it)
         return ShardWriter(array, root, layout, on_written)
     if layout.mode == "chunk":
         return ChunkFileWriter(array, root, layout, on_written)

@@ -1,7 +1,7 @@
 """``jask.numpy.linalg``: ``jax.numpy.linalg`` names over DiskArrays (``norm`` for now)."""
 import jax.numpy as _jnp
 
-from jask.ops.reductions import norm  # noqa: F401
+from jask.ops.norm import norm  # noqa: F401
 
 
 def __getattr__(name):

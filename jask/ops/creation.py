@@ -55,13 +55,18 @@ def zeros(shape, dtype=None) -> DiskArray:
 
 
 def full(shape, fill_value, dtype=None) -> DiskArray:
-    """``jnp.full``: every element ``fill_value`` (a number or a 0-d value), filled tile by tile."""
+    """``jnp.full``: every element ``fill_value`` (a number or a 0-d value), filled tile by tile; a 0-d
+    array of a concrete value is stored at once (an op with a 0-d result would give a JAX scalar)."""
     shape, dtype = _shape(shape, "full"), _dtype(dtype, fill_value)
     if np.ndim(fill_value) != 0:
         if not is_disk_array(fill_value) and not is_traced(fill_value):
             fill_value = np.asarray(fill_value, dtype)
         fill = as_operand("full", fill_value)
         return broadcast_to(fill if type_of(fill).dtype == dtype else astype(fill, dtype), shape)
+    if shape == () and not is_disk_array(fill_value):
+        if is_traced(fill_value):                 # no values to store yet: a JAX scalar, as jask's 0-d results are
+            return jnp.full((), fill_value, dtype)
+        return as_operand("full", np.full((), fill_value, dtype))   # stored, as zeros(()) is a DiskArray
     witness = DiskArray(node=zeros_node(shape, np.dtype(bool)))
     if isinstance(fill_value, (bool, int, float)):
         return _witnessed(witness, fn=_fill, consts=((1, fill_value),), params=(("dtype", dtype),), name="full")

@@ -6,7 +6,9 @@ feeding a ``(5, 7)`` output is read at block 0 along its broadcast (size-1 or
 missing leading) axes, and its block there has size 1, so the function sees
 the same broadcast it would in jnp. Python numbers are baked into the op
 (weakly typed, as in jnp: ``float32 + 1.0`` stays float32); 0-d JAX or NumPy
-values, traced or not, are scalar operands of the op.
+values, traced or not, are scalar operands of the op. A weakly typed one (a
+Python number passed through ``jit``, ``jnp.asarray(2.0)``) takes the array's
+dtype as in jnp: ``float16 * lr`` stays float16.
 
 The gradient is ``jax.vjp`` of the same function on the tile: its cotangent for a
 broadcast input is already summed to that input's block shape, and
@@ -53,8 +55,9 @@ class Elementwise(BlockParallelOp):
 
     scalar_operands = True
 
-    def __init__(self, fn, consts=(), params=(), shapes=(), dtypes=(), name="elementwise"):
+    def __init__(self, fn, consts=(), params=(), shapes=(), dtypes=(), name="elementwise", weak=()):
         self.fn, self.consts, self.params, self.name = fn, tuple(consts), dict(params), name
+        self.weak = _weak_dtypes(weak, dtypes)
         self.shapes = tuple(tuple(s) for s in shapes)
         self.out_shape = broadcast_shapes(name, *self.shapes) if self.shapes else ()
         out = jax.eval_shape(self.call, *[jax.ShapeDtypeStruct(s, d) for s, d in zip(self.shapes, dtypes)])
@@ -67,12 +70,12 @@ class Elementwise(BlockParallelOp):
             raise TypeError(f"{name} would give a complex result ({self.out_dtype}); jask stores no complex dtypes")
 
     @classmethod
-    def from_inputs(cls, *inputs, fn, consts=(), params=(), name="elementwise"):
-        return cls(fn, consts, params, [i.shape for i in inputs], [i.dtype for i in inputs], name)
+    def from_inputs(cls, *inputs, fn, consts=(), params=(), name="elementwise", weak=()):
+        return cls(fn, consts, params, [i.shape for i in inputs], [i.dtype for i in inputs], name, weak)
 
     def call(self, *operands):
-        """The lifted function with the baked-in constants put back at their positions."""
-        args = list(operands)
+        """The lifted function with weak scalars in their jnp dtype and the baked-in constants put back."""
+        args = [jnp.asarray(x).astype(self.weak[i]) if i in self.weak else x for i, x in enumerate(operands)]
         for pos, value in self.consts:
             args.insert(pos, value)
         return self.fn(*args, **self.params)
@@ -110,11 +113,29 @@ class Elementwise(BlockParallelOp):
         return self.out_dtype
 
 
+def _weak_dtypes(weak, dtypes) -> dict:
+    """Operand position -> the dtype jnp gives a weakly typed scalar there: the other operands' promotion with
+    a Python number of its kind (``float16`` and a weak float32 give float16, ``int8`` and a weak int int8)."""
+    strong = [d for i, d in enumerate(dtypes) if i not in weak]
+    if not weak or not strong:
+        return {}
+    kind = {"b": True, "i": 0, "u": 0, "f": 0.0, "c": 0j}
+    return {i: np.dtype(jnp.result_type(*strong, kind.get(np.dtype(dtypes[i]).kind, 0.0))) for i in weak}
+
+
+def _is_weak(x) -> bool:
+    """A weakly typed 0-d JAX value (a Python number passed through jit, ``jnp.asarray(2.0)``)."""
+    return bool(getattr(getattr(x, "aval", x), "weak_type", False))
+
+
 def _operands(name, args):
-    """Split call arguments into op operands (DiskArrays, 0-d values) and baked-in Python constants."""
-    operands, consts = [], []
+    """Split call arguments into op operands (DiskArrays, 0-d values) and baked-in Python constants, and
+    the positions (among the operands) of weakly typed scalars."""
+    operands, consts, weak = [], [], []
     for pos, x in enumerate(args):
         if is_disk_array(x) or is_scalar_operand(x):
+            if not is_disk_array(x) and _is_weak(x):
+                weak.append(len(operands))
             operands.append(x)
         elif x is None or isinstance(x, _PYTHON_SCALARS):
             consts.append((pos, x))
@@ -122,7 +143,7 @@ def _operands(name, args):
             operands.append(as_operand(name, x))   # in-memory operand: written to scratch once; traced: refused
         else:
             raise TypeError(f"{name} cannot take an operand of type {type(x).__name__}")
-    return operands, tuple(consts)
+    return operands, tuple(consts), tuple(weak)
 
 
 def lift(fn, name=None, fast=None):
@@ -142,8 +163,8 @@ def lift(fn, name=None, fast=None):
             out = fast(*args)
             if out is not None:
                 return out
-        operands, consts = _operands(name, args)
-        return op(*operands, fn=fn, consts=consts, params=params, name=name)
+        operands, consts, weak = _operands(name, args)
+        return op(*operands, fn=fn, consts=consts, params=params, name=name, weak=weak)
 
     lifted.__name__ = lifted.__qualname__ = name
     lifted.__doc__ = f"Elementwise ``{name}`` of disk-backed arrays with jnp broadcasting and promotion."
@@ -241,6 +262,16 @@ logical_and = lift(jnp.logical_and, "logical_and")
 logical_or = lift(jnp.logical_or, "logical_or")
 logical_not = lift(jnp.logical_not, "logical_not")
 logical_xor = lift(jnp.logical_xor, "logical_xor")
+bitwise_and = lift(jnp.bitwise_and, "bitwise_and")       # bitwise ops: bool and integer dtypes, as jnp
+bitwise_or = lift(jnp.bitwise_or, "bitwise_or")
+bitwise_xor = lift(jnp.bitwise_xor, "bitwise_xor")
+bitwise_not = lift(jnp.bitwise_not, "bitwise_not")
+invert = lift(jnp.invert, "invert")
+bitwise_invert = lift(jnp.bitwise_invert, "bitwise_invert")
+left_shift = lift(jnp.left_shift, "left_shift")
+right_shift = lift(jnp.right_shift, "right_shift")
+bitwise_left_shift = lift(jnp.bitwise_left_shift, "bitwise_left_shift")
+bitwise_right_shift = lift(jnp.bitwise_right_shift, "bitwise_right_shift")
 equal = lift(jnp.equal, "equal")
 not_equal = lift(jnp.not_equal, "not_equal")
 less = lift(jnp.less, "less")

@@ -60,7 +60,12 @@ class Take(BlockParallelOp):
         return jnp.where(mask, taken, jnp.zeros((), x.dtype))
 
     def combine(self, acc, partial):
-        return acc + partial
+        """Each output row comes from one entry and is the others' +0 fill: keep the partial's value unless it
+        is that fill (an exact +0), so a -0.0 taken stays -0.0 (a sum of the partials gives +0.0)."""
+        fill = partial == 0
+        if jnp.issubdtype(partial.dtype, jnp.floating):
+            fill = fill & ~jnp.signbit(partial)
+        return jnp.where(fill, acc, partial)
 
     def backward_block(self, d_out_block, x, rows, idx):
         _, vjp = jax.vjp(lambda x: self.forward_block(x, rows, idx), x)
@@ -104,7 +109,8 @@ def _indices(name, indices, n):
 
 
 def take(a, indices, axis=None, mode=None, fill_value=None):
-    """``jnp.take`` along one axis with 1-D indices (negative ones count from the end; out of bounds: IndexError)."""
+    """``jnp.take`` along one axis with 1-D indices or one scalar index, which drops the axis as in jnp
+    (negative ones count from the end; out of bounds: IndexError)."""
     if not is_disk_array(a):
         return jnp.take(a, indices, axis=axis, mode=mode, fill_value=fill_value)
     t = type_of(a)
@@ -119,6 +125,9 @@ def take(a, indices, axis=None, mode=None, fill_value=None):
     axis = axis + t.ndim if -t.ndim <= axis < 0 else axis
     if not 0 <= axis < t.ndim:
         raise ValueError(f"take: axis {axis} is out of bounds for an array of shape {t.shape}")
+    if np.ndim(indices) == 0 and not is_traced(indices) and not is_disk_array(indices):
+        from jask.ops.shape import squeeze                  # a scalar index: one row, its axis dropped
+        return squeeze(take(a, np.asarray(indices, np.int64).reshape(1), axis=axis), axis)
     idx = _indices("take", indices, t.shape[axis])
     rows = iota(t.shape[axis], axis, t.ndim, "take")     # refuses an axis past int32 row numbers
     return _take(a, rows, column(idx, axis, t.ndim, "take"), axis=axis,

@@ -3,9 +3,9 @@
 Along each axis the output row ``r`` is the input row ``start + r * step``
 (``step`` may be negative), and rows that fall outside the input are zero.
 Slicing (``x[i:j:k]``, integers, ``None``, ``...``) is that with rows inside the
-input; padding is that with a negative start, and ``concatenate`` is the sum of
-its pieces padded to their places (fused into one pass, each output tile
-reading only the tiles of the pieces it overlaps).
+input; padding is that with a negative start, and ``concatenate`` selects, row by
+row, from its pieces padded to their places (fused into one pass, each output tile
+reading only the tiles of the pieces it overlaps; a select, so -0.0 stays -0.0).
 
 The planner gives every array one tile edge, so an output tile's rows come from
 at most ``K`` consecutive input tiles along each axis (``K = |step| + 1`` at
@@ -26,9 +26,10 @@ import jax.numpy as jnp
 import numpy as np
 
 from jask.graph.op import BlockParallelOp
-from jask.hijax.array import is_disk_array, type_of
+from jask.hijax.array import DiskArray, is_disk_array, type_of, zeros_node
 from jask.hijax.make_op import make_op
 from jask.hijax.compat import is_traced
+from jask.ops import elementwise as ew
 from jask.ops.operands import as_operand, iota
 
 MAX_STEP = 16   # an output tile reads |step| + 1 input tiles per axis: beyond this, refuse
@@ -50,7 +51,7 @@ class Strided(BlockParallelOp):
     def __init__(self, shape, axes, starts, steps, out_shape, plans=(), blocks=()):
         self.shape, self.axes, self.starts, self.steps = tuple(shape), tuple(axes), tuple(starts), tuple(steps)
         self.out_shape, self.plans, self.blocks = tuple(out_shape), tuple(plans), tuple(blocks)
-        self.ks = tuple(positions(s) for s in self.steps)
+        self.ks = tuple(positions(s, self.out_shape[a]) for a, s in zip(self.axes, self.steps))
         self.n_x = math.prod(self.ks)
 
     @classmethod
@@ -125,23 +126,29 @@ def strided(x, starts, steps, out_shape, name="strided"):
     if not moving:
         return x
     for a in moving:
-        if builtins_abs(steps[a]) > MAX_STEP:
+        if positions(steps[a], out_shape[a]) > MAX_STEP + 1:
             raise NotImplementedError(f"{name}: step {steps[a]} along axis {a} (shape {t.shape}) would read every "
-                                      f"input tile {builtins_abs(steps[a]) + 1} times; steps up to {MAX_STEP} are "
-                                      "supported: take a contiguous slice, or jask.persist a coarser slice first")
+                                      f"input tile {positions(steps[a], out_shape[a])} times; steps up to "
+                                      f"{MAX_STEP} are supported (larger ones for a result of few rows): take a "
+                                      "contiguous slice, or jask.persist a coarser slice first")
     kwargs = dict(axes=tuple(moving), starts=tuple(int(starts[a]) for a in moving),
                   steps=tuple(int(steps[a]) for a in moving), out_shape=out_shape)
     iotas = [iota(out_shape[a], a, t.ndim, name) for a in moving]
-    n_x = math.prod(positions(kwargs["steps"][j]) for j in range(len(moving)))
+    n_x = math.prod(positions(steps[a], out_shape[a]) for a in moving)
     return _strided(*([x] * n_x), *iotas, **kwargs)
 
 
-def positions(step):
-    """Input tiles an output tile can span along an axis with this step, whatever the tile edge."""
-    return builtins_abs(step) + 1
+def positions(step, rows):
+    """Consecutive input tiles an output tile can span along an axis of ``rows`` output rows, whatever the
+    tile edge ``T``: a tile of ``r <= min(T, rows)`` rows spans ``(r - 1) * |step| + 1`` input rows, so at
+    most ``ceil((r - 1) * |step| / T) + 1 <= ceil((rows - 1) * |step| / rows) + 1 <= |step| + 1`` tiles
+    (one for a single row, whatever the step)."""
+    if rows <= 1:
+        return 1
+    return min(builtins_abs(step) + 1, -(-(rows - 1) * builtins_abs(step) // rows) + 1)
 
 
-builtins_abs = abs
+builtins_abs, builtins_all, builtins_sum = abs, all, sum
 
 
 def _index_int(i, n, axis, shape):
@@ -154,12 +161,40 @@ def _index_int(i, n, axis, shape):
     return i + n if i < 0 else i
 
 
+def _is_bool_scalar(k) -> bool:
+    """``True``/``False`` (or a concrete 0-d boolean array) in an index: a new axis of length 1 or 0."""
+    return isinstance(k, (bool, np.bool_)) or (
+        isinstance(k, (np.ndarray, jax.Array)) and not is_traced(k) and k.shape == () and k.dtype == np.bool_)
+
+
+def _is_integer(k) -> bool:
+    """An int, or a 0-d integer array (concrete or traced), which indexes as an int."""
+    return isinstance(k, (int, np.integer)) or (
+        np.shape(k) == () and np.issubdtype(getattr(k, "dtype", np.float32), np.integer))
+
+
+def _bool_axis(key, ndim):
+    """NumPy's rule for boolean scalars in ``key``: they and the integers form one advanced index whose
+    one axis (length 0 if any is False, else 1) goes where the first of them stands when they are adjacent,
+    else first. Returns ``key`` without them and ``(output position, length)``, or None without any."""
+    where = [i for i, k in enumerate(key) if _is_bool_scalar(k)]
+    if not where:
+        return key, None
+    length = int(builtins_all(bool(key[i]) for i in where))
+    advanced = [i for i, k in enumerate(key) if i in where or (_is_integer(k) and not _is_bool_scalar(k))]
+    position = 0
+    if advanced == list(range(advanced[0], advanced[-1] + 1)):
+        used = builtins_sum(1 for k in key if k is not None and k is not Ellipsis and not _is_bool_scalar(k))
+        position = builtins_sum(ndim - used if k is Ellipsis else int(k is None or isinstance(k, slice))
+                                for k in key[:advanced[0]])
+    return tuple(k for i, k in enumerate(key) if i not in where), (position, length)
+
+
 def _key_parts(key, shape):
     """``key`` as per-input-axis ``(start, step, size, keep)`` plus the output shape (with ``None`` axes)."""
     key = key if isinstance(key, tuple) else (key,)
     for k in key:
-        if not (k is None or k is Ellipsis or isinstance(k, slice) or isinstance(k, (int, np.integer))
-                or is_traced(k) and np.shape(k) == ()):
+        if not (k is None or k is Ellipsis or isinstance(k, slice) or _is_integer(k)):
             raise NotImplementedError(
                 f"DiskArray indexing supports ints, slices, None, ... and one 1-D integer or boolean array; got "
                 f"{type(k).__name__} for an array of shape {shape}; for rows of a dataset use jask.batches, "
@@ -195,16 +230,22 @@ def _key_parts(key, shape):
 
 
 def getitem(x, key):
-    """``x[key]``: basic indices (ints, slices with steps, ``None``, ``...``) or one index array, with gradients."""
+    """``x[key]``: basic indices (ints, slices with steps, ``None``, ``...``, ``True``/``False``) or one index
+    array, with gradients."""
     from jask.ops import gather, shape as shp
     if any(gather.is_array_index(k) and np.shape(k) != () for k in (key if isinstance(key, tuple) else (key,))):
         return gather.getitem_array(x, key)            # an integer or boolean array along one axis
     t = type_of(x)
+    key, bool_axis = _bool_axis(key if isinstance(key, tuple) else (key,), t.ndim)
     parts, out_shape = _key_parts(key, t.shape)
+    if bool_axis is not None:
+        at, length = bool_axis
+        out_shape = out_shape[:at] + (length,) + out_shape[at:]
+        if length == 0:                               # x[False]: an empty result, nothing to read
+            return DiskArray(node=zeros_node(out_shape, t.dtype))
     sliced = strided(x, [p[0] for p in parts], [p[1] for p in parts], [p[2] for p in parts], name="getitem")
     if out_shape == ():
-        from jask.ops.reductions import sum as _sum
-        return _sum(sliced)                           # one element: a JAX scalar, as jnp gives a 0-d array
+        return shp.scalar_of(sliced)                  # one element: a JAX scalar, as jnp gives a 0-d array
     return shp.reshape(sliced, out_shape)
 
 
@@ -217,8 +258,7 @@ def pad_axis(x, axis, before, after):
 
 
 def concatenate(arrays, axis=0, dtype=None):
-    """``jnp.concatenate``: pieces padded to their places and summed, in one fused pass (jnp promotion)."""
-    from jask.ops import elementwise as ew
+    """``jnp.concatenate``: pieces padded to their places and selected row by row, in one fused pass."""
     arrays = list(arrays)
     if not arrays:
         raise ValueError("concatenate needs at least one array")
@@ -239,15 +279,28 @@ def concatenate(arrays, axis=0, dtype=None):
                          f"{', '.join(map(str, shapes))}")
     out_dtype = np.dtype(dtype) if dtype is not None else np.dtype(jnp.result_type(*[type_of(a).dtype
                                                                                     for a in arrays]))
-    total, before, out = sum(s[axis] for s in shapes), 0, None
+    total, before, starts, pieces = sum(s[axis] for s in shapes), 0, [], []
     if total and any(s[axis] == 0 for s in shapes):   # empty pieces add nothing
         arrays, shapes = zip(*[(a, s) for a, s in zip(arrays, shapes) if s[axis]])
     for a, s in zip(arrays, shapes):
-        piece = pad_axis(ew.astype(a, out_dtype) if type_of(a).dtype != out_dtype else a,
-                         axis, before, total - before - s[axis])
+        pieces.append(pad_axis(ew.astype(a, out_dtype) if type_of(a).dtype != out_dtype else a,
+                               axis, before, total - before - s[axis]))
+        starts.append(before)
         before += s[axis]
-        out = piece if out is None else ew.add(out, piece)
+    if len(pieces) == 1:
+        return pieces[0]
+    return _select_pieces(iota(total, axis, ndim, "concatenate"), *pieces, starts=tuple(starts[1:]))
+
+
+def _pick_piece(rows, *pieces, starts):
+    """Each row from the piece that holds it (a select, not a sum of the zero-padded pieces: -0.0 stays)."""
+    out = pieces[0]
+    for start, piece in zip(starts, pieces[1:]):
+        out = jnp.where(rows >= start, piece, out)
     return out
+
+
+_select_pieces = ew.lift(_pick_piece, "concatenate")
 
 
 def stack(arrays, axis=0, dtype=None):

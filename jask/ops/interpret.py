@@ -8,8 +8,9 @@ the traced program one primitive at a time: a primitive with a DiskArray
 operand becomes the matching lazy tiled op (any elementwise primitive through
 :class:`jask.ops.elementwise.Elementwise`, whose tiles run that very primitive),
 and everything else is bound as JAX would. An array the program builds from a
-scalar with the shape of one of the DiskArray arguments (``jnp.zeros_like(p)``:
-optimizer moments) becomes a lazy constant DiskArray, not an array in memory.
+single value with the shape of one of the DiskArray arguments (``jnp.zeros_like(p)``:
+optimizer moments; a norm of shape ``(1,)`` broadcast back, as ``optax.safe_norm``
+does) becomes a lazy constant DiskArray, not an array in memory.
 Works eagerly and under ``jit``.
 """
 from __future__ import annotations
@@ -101,9 +102,9 @@ class _Evaluator:
         prim, params = eqn.primitive, eqn.params
         if not any(is_disk_array(a) for a in args):
             out_aval = eqn.outvars[0].aval if len(eqn.outvars) == 1 else None
-            if (prim.name == "broadcast_in_dim" and np.ndim(args[0]) == 0 and out_aval is not None
-                    and tuple(out_aval.shape) in self.disk_shapes):
-                return creation.full(out_aval.shape, args[0], out_aval.dtype)
+            if (prim.name == "broadcast_in_dim" and np.size(args[0]) == 1 and out_aval is not None
+                    and tuple(out_aval.shape) in self.disk_shapes):   # one value (optax's safe_norm: a (1,) norm)
+                return creation.full(out_aval.shape, jax.numpy.reshape(args[0], ()), out_aval.dtype)
             return compat.bind_equation(eqn, *args)
         if prim.name in CALLS and _sub_jaxpr(params) is not None:
             return self.run(_sub_jaxpr(params), *args)

@@ -2,7 +2,8 @@
 
 An output tile's ``index_map`` lists every input block along the reduced axes;
 ``forward_block`` reduces one block and ``combine`` folds the partials, so
-``sum``, ``max``, ``min`` and ``prod`` take one pass. ``mean``, ``var``, ``std``,
+``sum``, ``max``, ``min``, ``prod`` and ``any`` take one pass (float16 and bfloat16
+sums and products accumulate in float32 and are cast back, as in jnp). ``mean``, ``var``, ``std``, ``all``,
 ``logsumexp``, ``argmax``/``argmin`` and ``norm`` are compositions of these with
 elementwise ops (``var``, ``logsumexp`` and ``arg*`` take two passes).
 
@@ -19,6 +20,7 @@ import builtins
 import functools
 import itertools
 import math
+import operator
 
 import jax
 import jax.numpy as jnp
@@ -35,12 +37,12 @@ def normalize_axis(axis, ndim, name="reduction") -> tuple[int, ...]:
     """``axis`` (None, int or tuple; negatives allowed) as a sorted tuple of distinct axes."""
     if axis is None:
         return tuple(range(ndim))
-    axes = (axis,) if isinstance(axis, (int, np.integer)) else tuple(axis)
     try:
-        norm = tuple(int(a) + ndim if int(a) < 0 else int(a) for a in axes)
+        axes = (operator.index(axis),) if not isinstance(axis, (tuple, list)) else tuple(map(operator.index, axis))
     except TypeError:
         raise TypeError(f"{name}: axis must be None, an int or a tuple of ints, got {axis!r}") from None
-    if any(not 0 <= a < ndim for a in norm) or len(set(norm)) != len(norm):
+    norm = tuple(a + ndim if a < 0 else a for a in axes)
+    if builtins.any(not 0 <= a < ndim for a in norm) or len(set(norm)) != len(norm):
         raise ValueError(f"{name}: axis {axis!r} is out of range or repeated for an array of ndim {ndim}")
     return tuple(sorted(norm))
 
@@ -154,7 +156,28 @@ class Prod(Reduce):
                 jnp.zeros_like(zeros))
 
 
-_sum, _max, _min, _prod = (make_op(c, name=c.__name__.lower()) for c in (Sum, Max, Min, Prod))
+class Any(Reduce):
+    """Whether any element is true, over the axes (bool in, bool out: no gradient)."""
+
+    reduce = staticmethod(jnp.any)
+    empty_value = False     # any over an empty axis, as in jnp
+
+    def combine(self, acc, partial):
+        return jnp.logical_or(acc, partial)
+
+
+_sum, _max, _min, _prod, _any = (make_op(c, name=c.__name__.lower()) for c in (Sum, Max, Min, Prod, Any))
+
+
+def _jnp_for_in_memory(fn):
+    """``fn``, or jnp's function of that name when ``a`` is not a DiskArray (a JAX scalar a full reduction
+    returned, an in-memory array): as jask.numpy's elementwise functions do, ``knp.sum(knp.std(x))`` works."""
+    jnp_fn = getattr(jnp, fn.__name__)
+
+    @functools.wraps(fn)
+    def reduce(a, *args, **kwargs):
+        return fn(a, *args, **kwargs) if is_disk_array(a) else jnp_fn(a, *args, **kwargs)
+    return reduce
 
 
 def _check(name, a, where=None, initial=None, out=None):
@@ -168,21 +191,38 @@ def _check(name, a, where=None, initial=None, out=None):
                                       f"jask.numpy.{name}: out= is not supported (arrays are immutable)")
 
 
-def _count(a, axis):
+def _count(a, axis, name="reduction"):
+    """The number of elements reduced into each output element (checks ``axis``)."""
     shape = type_of(a).shape
-    return math.prod(shape[i] for i in normalize_axis(axis, len(shape)))
+    return math.prod(shape[i] for i in normalize_axis(axis, len(shape), name))
 
 
+def _low_precision(dtype) -> bool:
+    """float16 and bfloat16, which jnp's sums and products accumulate in float32."""
+    return jnp.issubdtype(dtype, jnp.floating) and np.dtype(dtype).itemsize < 4
+
+
+def _accumulated(op, a, axis, keepdims):
+    """``op`` (``_sum``/``_prod``) in float32 for float16/bfloat16, cast back as jnp does: their
+    tiles' partials would otherwise be rounded to 11 (8) bits at every combine."""
+    dtype = type_of(a).dtype
+    if not _low_precision(dtype):
+        return op(a, axis=axis, keepdims=keepdims)
+    return ew.astype(op(ew.astype(a, jnp.float32), axis=axis, keepdims=keepdims), dtype)
+
+
+@_jnp_for_in_memory
 def sum(a, axis=None, dtype=None, out=None, keepdims=False, initial=None, where=None):  # noqa: A001
     """Sum over ``axis`` (all axes by default): a JAX scalar for a full reduction, else a DiskArray."""
     _check("sum", a, where, initial, out)
+    normalize_axis(axis, type_of(a).ndim, "sum")
     if dtype is not None:
         a = ew.astype(a, dtype)
-    return _sum(a, axis=axis, keepdims=keepdims)
+    return _accumulated(_sum, a, axis, keepdims)
 
 
 def _extremum(op, name, a, axis, keepdims):
-    if type_of(a).size == 0:
+    if _count(a, axis, name) == 0:          # an empty output with a non-empty reduced axis is fine
         raise ValueError(f"{name} of an empty array has no identity")
     m = _detached(op, a, axis)
     count = _sum(ew.equal(a, m), axis=axis, keepdims=True)
@@ -194,12 +234,14 @@ def _detached(op, a, axis):
     return ew.stop_gradient(op(a, axis=axis, keepdims=True))
 
 
+@_jnp_for_in_memory
 def max(a, axis=None, out=None, keepdims=False, initial=None, where=None):  # noqa: A001
     """Maximum over ``axis``; the gradient is split equally among tied maxima (as in JAX)."""
     _check("max", a, where, initial, out)
     return _extremum(_max, "max", a, axis, keepdims)
 
 
+@_jnp_for_in_memory
 def min(a, axis=None, out=None, keepdims=False, initial=None, where=None):  # noqa: A001
     """Minimum over ``axis``; gradient as for :func:`max`."""
     _check("min", a, where, initial, out)
@@ -209,11 +251,15 @@ def min(a, axis=None, out=None, keepdims=False, initial=None, where=None):  # no
 amax, amin = max, min
 
 
+@_jnp_for_in_memory
 def prod(a, axis=None, dtype=None, out=None, keepdims=False, initial=None, where=None):
-    """Product over ``axis``, with exact gradients where elements are zero."""
+    """Product over ``axis``, with exact gradients where elements are zero (float16: in float32, as jnp)."""
     _check("prod", a, where, initial, out)
+    normalize_axis(axis, type_of(a).ndim, "prod")
     if dtype is not None:
         a = ew.astype(a, dtype)
+    if _low_precision(type_of(a).dtype):
+        return ew.astype(prod(ew.astype(a, jnp.float32), axis=axis, keepdims=keepdims), type_of(a).dtype)
     if type_of(a).size == 0:                     # the empty product: ones (of the reduced shape)
         return ew.add(_sum(a, axis=axis, keepdims=keepdims), 1)
     nonzero = ew.stop_gradient(_prod(ew.where(ew.equal(a, 0), 1, a), axis=axis, keepdims=True))
@@ -221,33 +267,69 @@ def prod(a, axis=None, dtype=None, out=None, keepdims=False, initial=None, where
     return _prod(a, nonzero, zeros, axis=axis, keepdims=keepdims)
 
 
+def _moment_input(a, dtype):
+    """``a`` in the dtype jnp computes a mean or variance in, and the result's dtype: integers give float32;
+    float16/bfloat16 are computed in float32 (their sums would overflow or round) and cast back."""
+    out_dtype = np.dtype(jnp.dtype(dtype)) if dtype is not None else type_of(a).dtype
+    if not jnp.issubdtype(out_dtype, jnp.inexact):
+        out_dtype = np.dtype(jnp.result_type(out_dtype, 1.0))
+    compute = np.dtype(jnp.float32) if _low_precision(out_dtype) else out_dtype
+    return (a if type_of(a).dtype == compute else ew.astype(a, compute)), out_dtype
+
+
+def _cast(x, dtype):
+    return x if np.dtype(x.dtype) == dtype else ew.astype(x, dtype)
+
+
+@_jnp_for_in_memory
 def mean(a, axis=None, dtype=None, out=None, keepdims=False, *, where=None):
-    """Mean over ``axis`` (integers give float32, as in jnp)."""
+    """Mean over ``axis`` (integers give float32, float16 is summed in float32, as in jnp)."""
     _check("mean", a, where, None, out)
-    if dtype is not None:
-        a = ew.astype(a, dtype)
-    elif not jnp.issubdtype(type_of(a).dtype, jnp.inexact):
-        a = ew.astype(a, jnp.result_type(type_of(a).dtype, 1.0))
-    return ew.true_divide(sum(a, axis=axis, keepdims=keepdims), _count(a, axis))
+    count = _count(a, axis, "mean")
+    a, out_dtype = _moment_input(a, dtype)
+    return _cast(ew.true_divide(_sum(a, axis=axis, keepdims=keepdims), count), out_dtype)
 
 
+def _variance(name, a, axis, dtype, ddof, keepdims):
+    """Two passes (mean, then squared deviations) in the computation dtype, cast to the result's."""
+    count = _count(a, axis, name)
+    a, out_dtype = _moment_input(a, dtype)
+    centered = ew.subtract(a, ew.true_divide(_sum(a, axis=axis, keepdims=True), count))
+    return _cast(ew.true_divide(_sum(ew.square(centered), axis=axis, keepdims=keepdims), count - ddof), out_dtype)
+
+
+@_jnp_for_in_memory
 def var(a, axis=None, dtype=None, out=None, ddof=0, keepdims=False, *, where=None, correction=None):
-    """Variance over ``axis`` in two passes (mean, then squared deviations); ``ddof`` as in jnp."""
+    """Variance over ``axis``; ``ddof`` (or ``correction``) as in jnp."""
     _check("var", a, where, None, out)
-    if correction is not None:
-        ddof = correction
-    if dtype is not None:
-        a = ew.astype(a, dtype)
-    elif not jnp.issubdtype(type_of(a).dtype, jnp.inexact):
-        a = ew.astype(a, jnp.result_type(type_of(a).dtype, 1.0))
-    centered = ew.subtract(a, mean(a, axis=axis, keepdims=True))
-    return ew.true_divide(sum(ew.square(centered), axis=axis, keepdims=keepdims), _count(a, axis) - ddof)
+    return _variance("var", a, axis, dtype, ddof if correction is None else correction, keepdims)
 
 
+@_jnp_for_in_memory
 def std(a, axis=None, dtype=None, out=None, ddof=0, keepdims=False, *, where=None, correction=None):
     """Standard deviation: ``sqrt(var(...))``."""
-    return ew.sqrt(var(a, axis=axis, dtype=dtype, out=out, ddof=ddof, keepdims=keepdims, where=where,
-                       correction=correction))
+    _check("std", a, where, None, out)
+    return ew.sqrt(_variance("std", a, axis, dtype, ddof if correction is None else correction, keepdims))
+
+
+@_jnp_for_in_memory
+def any(a, axis=None, out=None, keepdims=False, *, where=None):  # noqa: A001
+    """``jnp.any``: whether any element along ``axis`` is nonzero (NaN counts), bool."""
+    _check("any", a, where, None, out)
+    normalize_axis(axis, type_of(a).ndim, "any")
+    return _any(_truth(a), axis=axis, keepdims=keepdims)
+
+
+@_jnp_for_in_memory
+def all(a, axis=None, out=None, keepdims=False, *, where=None):  # noqa: A001
+    """``jnp.all``: ``not any(not a)``, so an empty axis gives True as in jnp."""
+    _check("all", a, where, None, out)
+    normalize_axis(axis, type_of(a).ndim, "all")
+    return ew.logical_not(_any(ew.logical_not(a), axis=axis, keepdims=keepdims))
+
+
+def _truth(a):
+    return a if type_of(a).dtype == np.bool_ else ew.not_equal(a, 0)
 
 
 def logsumexp(a, axis=None, b=None, keepdims=False, return_sign=False, where=None):
@@ -266,9 +348,9 @@ def logsumexp(a, axis=None, b=None, keepdims=False, return_sign=False, where=Non
 def _arg_extremum(name, op, a, axis, keepdims):
     """Index of the first extremum (first NaN if any, as jnp): min over positions where the value hits."""
     t = type_of(a)
-    if t.size == 0:
-        raise ValueError(f"{name} of an empty array")
     axes = normalize_axis(axis, t.ndim, name)
+    if _count(a, axes, name) == 0:             # an empty output with a non-empty reduced axis is fine
+        raise ValueError(f"{name} of an empty array (an empty reduced axis)")
     m = _detached(op, a, axes)
     iotas = [iota(t.shape[ax], ax, t.ndim, name) for ax in axes]
     strides = tuple(math.prod(t.shape[b] for b in axes[k + 1:]) for k in range(len(axes)))
@@ -285,34 +367,16 @@ def _first_hit(strides, big):
     return position_if_hit
 
 
+@_jnp_for_in_memory
 def argmax(a, axis=None, out=None, keepdims=None):
     """Index of the maximum along ``axis`` (flattened when None), int32; no gradient, as in JAX."""
     _check("argmax", a, out=out)
     return _arg_extremum("argmax", _max, a, axis, bool(keepdims))
 
 
+@_jnp_for_in_memory
 def argmin(a, axis=None, out=None, keepdims=None):
     """Index of the minimum along ``axis`` (flattened when None), int32."""
     _check("argmin", a, out=out)
     return _arg_extremum("argmin", _min, a, axis, bool(keepdims))
 
-
-def norm(x, ord=None, axis=None, keepdims=False):  # noqa: A002 - jnp's name
-    """``jnp.linalg.norm`` for Frobenius / 2-norms (and vector ``ord`` 1, inf, -inf, 0, p) over ``axis``."""
-    _check("norm", x)
-    ndim = type_of(x).ndim
-    axes = normalize_axis(axis, ndim, "norm")
-    if ord is None or (ord == "fro" and len(axes) == 2) or (ord == 2 and len(axes) == 1):
-        return ew.sqrt(sum(ew.square(x), axis=axes, keepdims=keepdims))   # ew.sqrt passes JAX scalars to jnp
-    if len(axes) != 1:
-        raise NotImplementedError(f"jask norm: ord={ord!r} over axes {axes} (a matrix norm other than 'fro') "
-                                  "is not supported; use ord=None or 'fro', or a vector norm over one axis")
-    if ord == jnp.inf:
-        return max(ew.abs(x), axis=axes, keepdims=keepdims)
-    if ord == -jnp.inf:
-        return min(ew.abs(x), axis=axes, keepdims=keepdims)
-    if ord == 0:
-        return sum(ew.astype(ew.not_equal(x, 0), type_of(x).dtype), axis=axes, keepdims=keepdims)
-    if ord == 1:
-        return sum(ew.abs(x), axis=axes, keepdims=keepdims)
-    return ew.power(sum(ew.power(ew.abs(x), ord), axis=axes, keepdims=keepdims), 1.0 / ord)

@@ -131,8 +131,7 @@ def reshape(a, shape=None, order="C", *, newshape=None):
     if shape == t.shape:
         return a
     if shape == ():
-        from jask.ops.reductions import sum as _sum
-        return _sum(a)
+        return scalar_of(a)
     if t.size == 0:
         return DiskArray(node=zeros_node(shape, t.dtype))     # nothing to move; _groups needs nonzero sizes
     groups = _groups(t.shape, shape)
@@ -143,6 +142,18 @@ def reshape(a, shape=None, order="C", *, newshape=None):
     regrouped = {o for gin, gout in groups if len(gin) + len(gout) > 2 for o in gout}
     witness = DiskArray(node=zeros_node(tuple(d if k in regrouped else 1 for k, d in enumerate(shape)), np.bool_))
     return _reshape(a, witness, out_shape=shape)
+
+
+def scalar_of(a):
+    """The one element of a size-1 DiskArray as a 0-d JAX value (jask's 0-d results), dtype and bits kept."""
+    return _reshape(a, DiskArray(node=zeros_node((), np.dtype(bool))), out_shape=())
+
+
+def ravel(a, order="C"):
+    """``jnp.ravel``: the array as 1-D, row-major (a reshape to ``(-1,)``)."""
+    if not is_disk_array(a):
+        return jnp.ravel(a, order)
+    return reshape(a, (-1,), order)
 
 
 def expand_dims(a, axis):
