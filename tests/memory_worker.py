@@ -77,6 +77,7 @@ def main():
     workload, data_dir, budget, n = sys.argv[1], sys.argv[2], sys.argv[3], int(sys.argv[4])
     import jax
     import jask
+    import jask.numpy
     jask.set_memory_budget(budget, scratch_dir=os.path.join(data_dir, "scratch"))
     a_path = os.path.join(data_dir, "a.zarr")
     b_path = os.path.join(data_dir, "b.zarr")
@@ -101,6 +102,8 @@ def main():
         da, db = f(a, b)
         da, db = jask.persist(da, db)
         value = float(jask.sum(da)) + float(jask.sum(db))
+    elif workload == "mean0":     # a reduction with a consumer (the scale): it held all of a in one window
+        value = float(np.asarray(jask.numpy.mean(a, axis=0)).sum())
     elif workload == "add":
         (a + b).to_zarr(os.path.join(data_dir, "c.zarr"), overwrite=True)
         value = 0.0

@@ -92,6 +92,16 @@ def test_rounds_need_one_subprocess_per_system(tmp_path):
     assert proc.returncode != 0 and "--rounds alternates one subprocess per system" in proc.stderr, proc.stderr[-2000:]
 
 
+@pytest.mark.parametrize("flag, says", [("--workload=foo", "--workload takes names among"),
+                                        ("--gib=-1", "--gib takes sizes in GiB above 0"),
+                                        ("--budget=lots", "cannot parse memory size 'lots'")])
+def test_bad_flags_are_one_usage_line(tmp_path, flag, says):
+    """Tracebacks from inside a run before (``--gib=-1`` even ran, as "-1024 MiB")."""
+    proc = _bench(tmp_path, flag, timeout=120)
+    assert proc.returncode != 0 and says in proc.stderr and "Traceback" not in proc.stderr, proc.stderr[-2000:]
+    assert not (tmp_path / "data").exists()
+
+
 def test_processes_refused_up_front_where_loopback_tcp_is_refused(tmp_path):
     """The lent TPU machine's sandbox refuses IPv4 sockets: ``--processes=1,2`` then stops before writing
     any data, naming the flag and the cause, instead of a traceback from the first child's start."""

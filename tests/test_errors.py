@@ -780,3 +780,16 @@ def test_grad_of_materialize_under_jit(small_tiles):
     f = lambda a: jnp.sum(jask.materialize(a) ** 2)
     np.testing.assert_allclose(np.asarray(jax.grad(f)(a)), 2 * A, rtol=1e-5)
     np.testing.assert_allclose(np.asarray(jax.jit(jax.grad(f))(a)), 2 * A, rtol=1e-5)
+
+
+def test_messages_name_the_call_the_user_made(small_tiles):
+    """update_(resume=True) at a URL named to_zarr; softmax's where= named log_softmax; explain showed a URL
+    scratch dir as a local path."""
+    jask.to_zarr(_arr((5, 7)), "memory://names/a.zarr")
+    u = jask.from_zarr("memory://names/a.zarr", mode="r+")
+    with pytest.raises(ValueError, match=r"^update_: resume=True works for local folders only"):
+        u.update_(u * 2.0, resume=True)
+    with pytest.raises(NotImplementedError, match=r"^jask.nn.softmax: where= is not supported"):
+        jask.nn.softmax(u, where=u > 0)
+    jask.set_memory_budget(config.memory_budget, scratch_dir="memory://names-scratch", allow_tmpfs=True)
+    assert "\n  scratch memory://names-scratch (" in jask.explain(u * 2.0)

@@ -209,7 +209,8 @@ def explain(*arrays) -> str:
                 "array they reduce (jask.explain(jask.square(x)) for jask.sum(jask.square(x))), "
                 "or measure the call with `with jask.profile() as p:`")
     where, why = scratch_location()
-    return driver.explain([x._node for x in arrays]) + f"\n  scratch {os.path.abspath(where)} ({why})"
+    shown = where if "://" in where else os.path.abspath(where)     # a store URL as given
+    return driver.explain([x._node for x in arrays]) + f"\n  scratch {shown} ({why})"
 
 
 # ---------------------------------------------------------------- peak memory

@@ -2,12 +2,14 @@
 
 :func:`graph_key` hashes a lazy array's graph: each op's name, class and
 parameters, scalar values, and for each stored input its path, the identity
-(device, inode, modification time) of the folder it reads and its metadata.
+(device, inode, modification time) of the folder it reads, and each file's size and
+modification time (its metadata and chunks); at a store URL, its committed version.
 The same computation over the same unchanged input arrays, in a new process,
 gets the same key; any input replaced (``update_`` swaps in a new folder) or
-any parameter changed gives another key. Where a parameter has no stable text
-(a Python function's ``repr`` holds its address), the key differs per process
-and nothing is resumed, which is safe. An input that is itself a resumable
+any parameter changed gives another key. A module-level function (jnp's, in
+jask.numpy's ops) counts by its module, name and code; where a parameter has no
+stable text (a lambda or closure: its ``repr`` holds its address), the key differs
+per process and nothing is resumed, which is safe. An input that is itself a resumable
 persist's result counts by its key, so chained resumable persists resume too. The store of a key and its lifetime:
 :mod:`jask.io.resumable_scratch`.
 """
@@ -36,18 +38,57 @@ def _param_text(value) -> str:
         return "dict(" + ",".join(f"{k!r}:{_param_text(v)}" for k, v in sorted(value.items())) + ")"
     if isinstance(value, type):
         return f"{value.__module__}.{value.__qualname__}"
+    if callable(value):
+        return _function_text(value)
     return repr(value)
 
 
+def _function_text(fn) -> str:
+    """A function by its module, name and code, the same in every process: jask.numpy's ops carry jnp's
+    functions (``jnp.exp``), whose ``repr`` holds an address. Only a module-level function without closure
+    (a ``jax.jit`` of one too); any other callable keeps its ``repr``: a key of its own per process."""
+    inner = fn.__wrapped__ if hasattr(fn, "lower") and hasattr(fn, "__wrapped__") else fn   # jax.jit's wrapper
+    code = getattr(inner, "__code__", None)
+    if code is None or inner.__closure__ or "<" in inner.__qualname__:     # lambdas, closures, builtins
+        return repr(fn)
+    body = hashlib.sha256(code.co_code + repr((code.co_consts, code.co_names)).encode()).hexdigest()
+    return f"function({inner.__module__}.{inner.__qualname__},{body})"
+
+
 def _stored_text(store) -> str:
-    """A stored input: path, the folder's identity and its metadata (changes whenever its contents do)."""
+    """A stored input: path, the folder's identity, its metadata and every file's size and modification
+    time (a chunk written in place by another tool changes no folder: its file's time does). At a store
+    URL: the committed version jask reads (each commit writes a new one). A scratch store (in-memory data
+    jask stored: ``from_numpy``, a slice's row numbers) by its files' contents, as its path is this process's."""
+    version = getattr(store, "version", None)
+    if version is not None:
+        if not version:
+            raise ValueError(f"persist(..., resume=True): the input {store.path} is a plain Zarr array at a store "
+                             "URL, whose changes jask cannot tell; copy it with jask.to_zarr to a URL or folder "
+                             "first (a jask-written array is named by its committed version), or drop resume=True")
+        return f"stored({store.path},{version})"
+    if store.owned:
+        return f"scratch({_files_digest(store.root, contents=True)})"
     st = os.stat(store.root)
-    try:
-        with open(os.path.join(store.root, "zarr.json"), "rb") as f:
-            meta = hashlib.sha256(f.read()).hexdigest()
-    except OSError:
-        meta = "?"
-    return f"stored({store.path},{st.st_dev},{st.st_ino},{st.st_mtime_ns},{meta})"
+    return f"stored({store.path},{st.st_dev},{st.st_ino},{st.st_mtime_ns},{_files_digest(store.root)})"
+
+
+def _files_digest(root: str, contents: bool = False) -> str:
+    """A digest of every file under ``root``: its relative path and size, and its modification time or,
+    with ``contents``, its bytes."""
+    files = hashlib.sha256()
+    for folder, subfolders, names in os.walk(root):
+        subfolders.sort()
+        for name in sorted(names):
+            file = os.path.join(folder, name)
+            f = os.stat(file)
+            files.update(f"{os.path.relpath(file, root)}:{f.st_size}:".encode())
+            if contents:
+                with open(file, "rb") as fh:
+                    files.update(hashlib.sha256(fh.read()).digest())
+            else:
+                files.update(f"{f.st_mtime_ns};".encode())
+    return files.hexdigest()
 
 
 def _body(n, texts) -> str:

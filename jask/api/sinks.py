@@ -206,7 +206,7 @@ def update_(target: DiskArray, new_value, resume: bool = False) -> None:
         (store,) = run([new_value._node], lambda node, tile: PathSink(
             node, tile, old_store.path, overwrite=True, writable=True, chunks=old_store.chunks,
             shards=old_store.shards, storage_options=getattr(old_store, "storage_options", None),
-            resume=resume, like=old_store.array))
+            resume=resume, like=old_store.array, call="update_"))
         target._node = StoredNode(store)
         return
     # Stored values are immutable, so the target may share the new value's storage.

@@ -38,7 +38,7 @@ import time
 from absl import app, flags
 
 from jask import kernels
-from jask.bench import data, harness, peers, remote, report, workloads
+from jask.bench import data, flag_checks, harness, peers, remote, report, workloads
 
 FLAGS = flags.FLAGS
 flags.DEFINE_list("workload", list(workloads.NAMES), "Workloads to run: " + ", ".join(workloads.NAMES))
@@ -86,7 +86,7 @@ flags.DEFINE_float("rtol", 2e-3, "Relative tolerance for results agreeing betwee
 flags.DEFINE_enum("store", "local", ["local", "s3"], "local: the suite on local stores. s3: the remote-store "
                   "case instead (jask.bench.remote): sum of an array in a bucket on a loopback S3 server "
                   "against the server's raw GET rate, --remote_mib in size.")
-
+flag_checks.register()
 QUICK_BUDGET = "16MB"
 
 

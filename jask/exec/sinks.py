@@ -58,11 +58,12 @@ class PathSink:
     counts_io = True
 
     def __init__(self, node, tile, path, overwrite=False, writable=False, chunks=None, compressors=None,
-                 shards=None, storage_options=None, resume=False, defer_commit=False, attributes=None, like=None):
+                 shards=None, storage_options=None, resume=False, defer_commit=False, attributes=None, like=None,
+                 call="to_zarr"):
         self.overwrite, self.writable, self.defer_commit, self.resume = overwrite, writable, defer_commit, resume
         self.pending = new_pending(path, node.shape, node.dtype, chunks or block_shape(node.shape, tile),
                                    compressors=compressors, shards=shards, storage_options=storage_options,
-                                   resume=resume, attributes=attributes, like=like)
+                                   what=call, resume=resume, attributes=attributes, like=like)
         # resume=True: the executor skips tiles a killed earlier write already put on disk
         self.done = self.pending.done if resume else None
 

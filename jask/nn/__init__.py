@@ -40,12 +40,12 @@ def logsumexp(a, axis=None, b=None, keepdims=False, return_sign=False, where=Non
     return _red.logsumexp(a, axis=axis, b=b, keepdims=keepdims, return_sign=return_sign, where=where)
 
 
-def log_softmax(x, axis=-1, where=None):
+def log_softmax(x, axis=-1, where=None, _name="log_softmax"):
     """``x - logsumexp(x, axis, keepdims=True)``."""
     if not is_disk_array(x):
         return jax.nn.log_softmax(x, axis=axis, where=where)
     if where is not None:
-        raise NotImplementedError("jask.nn.log_softmax: where= is not supported; mask the input with "
+        raise NotImplementedError(f"jask.nn.{_name}: where= is not supported; mask the input with "
                                   "jask.numpy.where(mask, x, -inf) instead")
     return _ew.subtract(x, _red.logsumexp(x, axis=axis, keepdims=True))
 
@@ -54,7 +54,7 @@ def softmax(x, axis=-1, where=None):
     """``exp(x - logsumexp(x, axis, keepdims=True))``: stable, streaming over long axes."""
     if not is_disk_array(x):
         return jax.nn.softmax(x, axis=axis, where=where)
-    return _ew.exp(log_softmax(x, axis=axis, where=where))
+    return _ew.exp(log_softmax(x, axis=axis, where=where, _name="softmax"))
 
 
 def one_hot(x, num_classes, dtype=jnp.float_, axis=-1):

@@ -304,6 +304,8 @@ def _should_fuse(node, edges, prepared, fused_ids, tile, live, feeds_one_pass=Fa
             return False
     if feeds_one_pass:
         return True
+    if _entries_outgrow_a_window(node, prepared[id(node)], tile, live):
+        return False
     if len(edges) == 1:
         return True
     leaves, ops = leaves_and_ops(node, fused_ids, live)
@@ -312,6 +314,20 @@ def _should_fuse(node, edges, prepared, fused_ids, tile, live, feeds_one_pass=Fa
     ratio = sum(0 if isinstance(leaf, ZerosNode) else nbytes(leaf) for leaf in leaves) / max(nbytes(node), 1)
     c = len(edges)
     return c * ratio <= ratio + 1 + c
+
+
+def _entries_outgrow_a_window(node, prep, tile, live) -> bool:
+    """A reduction or product whose entries for one tile, all inputs resident, take over half the budget.
+
+    Alone, its windows stream the entries and fold partials across windows; fused into a consumer (``mean``:
+    a sum, then a scale), one window must hold every entry of a consumer tile: ``mean(x, axis=0)`` of 256 MiB
+    held all of it. Stored instead, it costs a write and a read of its (reduced) output."""
+    entries = len(entries_of(prep, node, (0,) * node.ndim))
+    if entries <= 1:
+        return False
+    per_entry = sum(tile_bytes(node.inputs[p].resolved(), tile) for p in live(node)
+                    if node.inputs[p].resolved().shape != ())
+    return entries * per_entry > config.memory_budget // 2
 
 
 def _reads_a_tile_twice(consumer, prepared, position, tile, same_entry_ok=False) -> bool:
