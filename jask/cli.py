@@ -31,6 +31,21 @@ def quiet_platform_probe() -> None:
         logger.addFilter(DropPlatformProbe())
 
 
+def check_budget_flag(flag: str = "budget") -> None:
+    """Have absl refuse ``--budget`` values jask cannot parse, as one usage line naming the flag."""
+    from absl import flags
+
+    def check(value: str) -> bool:
+        from jask.config import parse_bytes
+        try:
+            parse_bytes(value)
+        except (TypeError, ValueError) as e:
+            raise flags.ValidationError(f"--{flag}: {e}") from None
+        return True
+
+    flags.register_validator(flag, check)
+
+
 def run(main) -> None:
     """``absl.app.run(main)`` without JAX's platform-probe lines."""
     quiet_platform_probe()

@@ -25,6 +25,8 @@ import time
 import numpy as np
 from absl import flags
 
+from jask import cli
+
 FLAGS = flags.FLAGS
 flags.DEFINE_integer("rows", 524_288, "Number of samples.")
 flags.DEFINE_integer("features", 256, "Number of features.")
@@ -36,18 +38,7 @@ flags.DEFINE_boolean("keep", True, "Reuse an existing data set of the same shape
 for _name in ("rows", "features", "steps"):
     flags.register_validator(_name, lambda v: v >= 1, message=f"--{_name} must be at least 1")
 flags.register_validator("lr", lambda v: 0 < v < float("inf"), message="--lr must be a positive, finite number")
-
-
-def _budget_ok(value: str) -> bool:
-    from jask.config import parse_bytes
-    try:
-        parse_bytes(value)
-    except (TypeError, ValueError) as e:
-        raise flags.ValidationError(f"--budget: {e}") from None
-    return True
-
-
-flags.register_validator("budget", _budget_ok)
+cli.check_budget_flag()
 
 
 def scratch_dir() -> str:
@@ -172,5 +163,4 @@ def _du(path: str) -> int:
 
 
 if __name__ == "__main__":
-    from jask import cli
     cli.run(main)

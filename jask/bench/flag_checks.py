@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from absl import flags
 
+from jask import cli
 from jask.bench import workloads
 
 
@@ -19,22 +20,13 @@ def _numbers(kind, positive=True):
     return check
 
 
-def _budget(value: str) -> bool:
-    from jask.config import parse_bytes
-    try:
-        parse_bytes(value)
-    except (TypeError, ValueError) as e:
-        raise flags.ValidationError(f"--budget: {e}") from None
-    return True
-
-
 def register() -> None:
     """Attach the checks to the flags ``jask.bench.__main__`` defines."""
     flags.register_validator("workload", lambda names: set(names) <= set(workloads.NAMES),
                              message=f"--workload takes names among {', '.join(workloads.NAMES)}")
     flags.register_validator("gib", _numbers(float), message="--gib takes sizes in GiB above 0, e.g. 0.5,2")
     flags.register_validator("n", _numbers(int), message="--n takes whole matrix sizes above 0, e.g. 4096,8192")
-    flags.register_validator("budget", _budget)
+    cli.check_budget_flag()
     flags.register_validator("tile", lambda v: v >= 0, message="--tile is a tile edge >= 1, or 0 for jask's own")
     flags.register_validator("repeat", lambda v: v >= 1, message="--repeat must be at least 1")
     flags.register_validator("warmup", lambda v: v in (0, 1), message="--warmup is 0 or 1")

@@ -35,6 +35,7 @@ class Regroup(BlockParallelOp):
     def __init__(self, in_shape, out_shape, groups, in_block=(), out_block=()):
         self.in_shape, self.out_shape, self.groups = tuple(in_shape), tuple(out_shape), tuple(groups)
         self.in_block, self.out_block = tuple(in_block), tuple(out_block)
+        self._tiles_read = {}     # (group, output tile) -> input tiles: the planner and executor ask often
 
     @classmethod
     def from_inputs(cls, x, *iotas, out_shape, groups):
@@ -42,7 +43,14 @@ class Regroup(BlockParallelOp):
         return cls(x.shape, out_shape, groups, x.block_shape, tuple(o.block_shape[k] for k, o in enumerate(outs)))
 
     def _group_tiles(self, gin, gout, out_idx):
-        """Input tile coordinates along ``gin`` that output tile ``out_idx`` reads (unique rows)."""
+        """Input tile coordinates along ``gin`` that output tile ``out_idx`` reads (unique rows), computed
+        once per output tile (every element's offset is enumerated: a 1024^2 tile is a million)."""
+        key = (tuple(gin), tuple(out_idx[k] for k in gout))
+        if key not in self._tiles_read:
+            self._tiles_read[key] = self._enumerate_tiles(gin, gout, out_idx)
+        return self._tiles_read[key]
+
+    def _enumerate_tiles(self, gin, gout, out_idx):
         flat = np.zeros((), np.int64)
         for k in gout:
             lo = out_idx[k] * self.out_block[k]
@@ -52,7 +60,9 @@ class Regroup(BlockParallelOp):
         for k in reversed(gin):
             coords.append((flat % self.in_shape[k]) // self.in_block[k])
             flat = flat // self.in_shape[k]
-        return np.unique(np.stack(coords[::-1], axis=-1), axis=0)
+        grid_in = tuple(-(-self.in_shape[k] // self.in_block[k]) for k in gin)
+        codes = np.unique(np.ravel_multi_index(coords[::-1], grid_in))   # one int per tile: a 1-D sort
+        return np.stack(np.unravel_index(codes, grid_in), axis=-1)
 
     def index_map(self, out_idx):
         nin, nout = len(self.in_shape), len(self.out_shape)
