@@ -149,7 +149,8 @@ def markdown(suite) -> str:
         if w not in seen_workloads:
             seen_workloads.append(w)
             lines += [f"## {w}: {W.TITLE}", "", f"Throughput: {W.UNIT}, {W.WORK}. Limit for `jask/limit`: "
-                      f"{W.LIMIT}.", ""]
+                      f"{W.LIMIT}. `read GB` counts read system calls (`rchar`): chunks jask maps "
+                      "(`read_mmap`) are read without one, so a warm jask row may show less than it reads.", ""]
         e0 = entries[0]
         lines += [f"### {w} {size}, {cache} cache (tile {e0['tile']}, budget {e0['budget']})", "",
                   f"| system | median s | min - max s | {W.UNIT} | jask/system | peak RSS growth MB | "
