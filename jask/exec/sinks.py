@@ -12,6 +12,11 @@ from jask.io import resumable_scratch, scratch
 from jask.io.remote import new_pending
 
 
+def stored_chunks(shape, tile: int) -> tuple[int, ...]:
+    """The chunk shape a store of ``shape`` gets: its tile, and 1 along an empty axis (zarr refuses 0)."""
+    return tuple(max(1, c) for c in block_shape(shape, tile))
+
+
 class ScratchSink:
     """Writes a node to a fresh scratch store; by default the node then stands for it.
 
@@ -28,7 +33,7 @@ class ScratchSink:
                  path=None, resume=False):
         self.node, self.adopt = node, adopt
         self.pending = new_pending(path or scratch.new_path(), node.shape, node.dtype,
-                                   chunks or block_shape(node.shape, tile), shards=shards,
+                                   chunks or stored_chunks(node.shape, tile), shards=shards,
                                    storage_options=scratch.storage_options(), what="scratch", resume=resume)
         self.done = self.pending.done if resume else None
         if resume:
@@ -61,7 +66,7 @@ class PathSink:
                  shards=None, storage_options=None, resume=False, defer_commit=False, attributes=None, like=None,
                  call="to_zarr"):
         self.overwrite, self.writable, self.defer_commit, self.resume = overwrite, writable, defer_commit, resume
-        self.pending = new_pending(path, node.shape, node.dtype, chunks or block_shape(node.shape, tile),
+        self.pending = new_pending(path, node.shape, node.dtype, chunks or stored_chunks(node.shape, tile),
                                    compressors=compressors, shards=shards, storage_options=storage_options,
                                    what=call, resume=resume, attributes=attributes, like=like)
         # resume=True: the executor skips tiles a killed earlier write already put on disk
