@@ -141,9 +141,8 @@ def adam(learning_rate, b1: float = 0.9, b2: float = 0.999, eps: float = 1e-8) -
 
 
 def _direction(m, v, eps):
-    if is_disk_array(m):
-        return adam_direction(m, v, eps=eps)
-    return (m / (jnp.sqrt(v) + eps)).astype(m.dtype)
+    """:class:`AdamDirection` of one leaf: the tiled op, or its block formula on in-memory moments."""
+    return adam_direction(m, v, eps=eps) if is_disk_array(m) else AdamDirection(eps).forward_block(m, v)
 
 
 def on_disk(transformation: optax.GradientTransformation) -> optax.GradientTransformation:

@@ -19,6 +19,7 @@ from jask.hijax.array import DiskArray, is_disk_array, type_of
 from jask.hijax.sinks import MaterializePrimitive, PersistPrimitive
 from jask.io.arguments import block_edges, compressor_list
 from jask.io.destinations import check_destination
+from jask.io import metadata
 from jask.io.groups import commit_group
 from jask.io.remote import RemoteStore, exists, resolve
 from jask.io.urls import Location
@@ -153,11 +154,8 @@ def checkpoint_of(target) -> str | None:
     store of its group (parameters and state leaves). Committing one of them
     alone would leave the checkpoint a step behind, so that is refused.
     """
-    store = getattr(target._node.resolved(), "store", None)
-    try:
-        link = store.array.attrs.get("jask", {}).get(CHECKPOINT)
-    except AttributeError:
-        return None
+    array = getattr(getattr(target._node.resolved(), "store", None), "array", None)
+    link = metadata.jask_attributes(array).get(CHECKPOINT) if array is not None else None
     return link if isinstance(link, str) and os.path.isdir(link) else None
 
 

@@ -65,8 +65,11 @@ def carried_over(like) -> dict:
     return kept
 
 
-def new_array(entries: dict, compressors=None, like=None) -> dict:
-    """``zarr.create_array`` arguments for a new array jask writes: ``like``'s metadata (else
-    ``compressors`` and fill value 0), and jask's ``entries`` (``dense``, the stored dtype) under its key."""
+def new_array(entries: dict, chunks, shards=None, compressors=None, like=None) -> dict:
+    """``zarr.create_array`` arguments (all but the store, shape and dtype) for a new array jask writes:
+    Zarr v3, every chunk written and marked so (``dense``), ``like``'s metadata (else ``compressors`` and
+    fill value 0; a sharded ``like``'s codec stands for ``chunks`` and ``shards``), jask's ``entries`` (the
+    stored dtype, a checkpoint's link) under its key."""
     kept = carried_over(like) or {"compressors": compressors, "fill_value": 0}
-    return {**kept, "attributes": attributes_for(entries, like)}
+    return {"chunks": tuple(chunks), "shards": shards, "zarr_format": 3, "config": {"write_empty_chunks": True},
+            **kept, "attributes": attributes_for({"dense": True, **entries}, like)}

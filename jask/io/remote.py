@@ -216,9 +216,7 @@ class RemotePendingStore:
         try:
             self.array = zarr.create_array(
                 backends.version_store(self._root, self.version), shape=tuple(shape), dtype=dtypes.storage_dtype(dtype),
-                zarr_format=3, config={"write_empty_chunks": True},
-                **{"chunks": tuple(chunks), "shards": shards,
-                   **metadata.new_array({"dense": True, **dtypes.dtype_attributes(dtype)}, compressors, like)})
+                **metadata.new_array(dtypes.dtype_attributes(dtype), chunks, shards, compressors, like))
             if faults.hook is not None:
                 faults.fire("after_create", path=self.final_path)
         except BaseException as e:

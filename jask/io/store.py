@@ -199,11 +199,9 @@ class PendingStore:
             check_shards(shape, chunks, shards)
         self._finalizer = weakref.finalize(self, remove_tree, self.tmp_path)
         try:
-            entries = {"dense": True, **dtypes.dtype_attributes(dtype), **(attributes or {})}
-            self.array = zarr.create_array(      # (``like``'s sharding codec may stand for chunks and shards)
-                self.tmp_path, shape=tuple(shape), dtype=dtypes.storage_dtype(dtype), zarr_format=3,
-                config={"write_empty_chunks": True}, **{"chunks": tuple(chunks), "shards": shards,
-                                                        **metadata.new_array(entries, compressors, like)})
+            entries = {**dtypes.dtype_attributes(dtype), **(attributes or {})}
+            self.array = zarr.create_array(self.tmp_path, shape=tuple(shape), dtype=dtypes.storage_dtype(dtype),
+                                           **metadata.new_array(entries, chunks, shards, compressors, like))
             self._writer = make_chunk_writer(self.array, self.tmp_path, on_written=early)
             self._journal = None                         # resume=True: chunks on disk (jask.io.resume)
             if resume and isinstance(self._writer, ChunkFileWriter):

@@ -203,7 +203,7 @@ def _low_precision(dtype) -> bool:
 
 
 def _accumulated(op, a, axis, keepdims):
-    """``op`` (``_sum``/``_prod``) in float32 for float16/bfloat16, cast back as jnp does: their
+    """``op`` (``_sum``, :func:`_exact_prod`) in float32 for float16/bfloat16, cast back as jnp does: their
     tiles' partials would otherwise be rounded to 11 (8) bits at every combine."""
     dtype = type_of(a).dtype
     if not _low_precision(dtype):
@@ -258,8 +258,11 @@ def prod(a, axis=None, dtype=None, out=None, keepdims=False, initial=None, where
     normalize_axis(axis, type_of(a).ndim, "prod")
     if dtype is not None:
         a = ew.astype(a, dtype)
-    if _low_precision(type_of(a).dtype):
-        return ew.astype(prod(ew.astype(a, jnp.float32), axis=axis, keepdims=keepdims), type_of(a).dtype)
+    return _accumulated(_exact_prod, a, axis, keepdims)
+
+
+def _exact_prod(a, axis, keepdims):
+    """The product, given each output element's product of its nonzero elements and count of zeros."""
     if type_of(a).size == 0:                     # the empty product: ones (of the reduced shape)
         return ew.add(_sum(a, axis=axis, keepdims=keepdims), 1)
     nonzero = ew.stop_gradient(_prod(ew.where(ew.equal(a, 0), 1, a), axis=axis, keepdims=True))

@@ -189,9 +189,13 @@ def _read_twice(uses, prepared, tile) -> bool:
 def _reads_much_more_than_it_makes(node, prep, tile) -> bool:
     """A node whose tile is costly to recompute (a product over wide tiles): its inputs' tiles take over
     4x its own. A cheaper shared node is recomputed inside each consumer's program instead (one call less)."""
-    ins = sum(tile_bytes(node.inputs[p].resolved(), tile) for p in live_positions(node, prep.op)
-              if node.inputs[p].resolved().shape != ())
-    return ins > 4 * tile_bytes(node, tile)
+    return _input_tiles_bytes(node, prep, tile) > 4 * tile_bytes(node, tile)
+
+
+def _input_tiles_bytes(node, prep, tile) -> int:
+    """Bytes of one tile of each array input ``node`` reads (scalars aside): what one entry holds."""
+    return sum(tile_bytes(node.inputs[p].resolved(), tile) for p in live_positions(node, prep.op)
+               if node.inputs[p].resolved().shape != ())
 
 
 def _feeding_only(targets, live_order, edges, root_ids) -> set:
@@ -304,7 +308,7 @@ def _should_fuse(node, edges, prepared, fused_ids, tile, live, feeds_one_pass=Fa
             return False
     if feeds_one_pass:
         return True
-    if _entries_outgrow_a_window(node, prepared[id(node)], tile, live):
+    if _entries_outgrow_a_window(node, prepared[id(node)], tile):
         return False
     if len(edges) == 1:
         return True
@@ -316,18 +320,14 @@ def _should_fuse(node, edges, prepared, fused_ids, tile, live, feeds_one_pass=Fa
     return c * ratio <= ratio + 1 + c
 
 
-def _entries_outgrow_a_window(node, prep, tile, live) -> bool:
+def _entries_outgrow_a_window(node, prep, tile) -> bool:
     """A reduction or product whose entries for one tile, all inputs resident, take over half the budget.
 
     Alone, its windows stream the entries and fold partials across windows; fused into a consumer (``mean``:
     a sum, then a scale), one window must hold every entry of a consumer tile: ``mean(x, axis=0)`` of 256 MiB
     held all of it. Stored instead, it costs a write and a read of its (reduced) output."""
     entries = len(entries_of(prep, node, (0,) * node.ndim))
-    if entries <= 1:
-        return False
-    per_entry = sum(tile_bytes(node.inputs[p].resolved(), tile) for p in live(node)
-                    if node.inputs[p].resolved().shape != ())
-    return entries * per_entry > config.memory_budget // 2
+    return entries > 1 and entries * _input_tiles_bytes(node, prep, tile) > config.memory_budget // 2
 
 
 def _reads_a_tile_twice(consumer, prepared, position, tile, same_entry_ok=False) -> bool:
