@@ -73,6 +73,16 @@ def make(path, n, chunk, seed):
     return path
 
 
+def make_tall(path, rows):
+    """A (rows, 64) float32 array in zstd chunks of (16384, 64), 4 MiB each decoded."""
+    if os.path.exists(path):
+        return
+    z = zarr.create_array(path, shape=(rows, 64), dtype="float32", chunks=(16384, 64))
+    rng = np.random.default_rng(3)
+    for i in range(0, rows, 16384):
+        z[i:i + 16384] = rng.standard_normal((min(16384, rows - i), 64), dtype=np.float32)
+
+
 def main():
     workload, data_dir, budget, n = sys.argv[1], sys.argv[2], sys.argv[3], int(sys.argv[4])
     import jax
@@ -84,6 +94,9 @@ def main():
     if workload == "make":
         make(a_path, n, 512, 0)
         make(b_path, n, 512, 1)
+        return
+    if workload == "make_tall":
+        make_tall(os.path.join(data_dir, "t.zarr"), n * n // 64)
         return
     a, b = jask.from_zarr(a_path), jask.from_zarr(b_path)
     # warm up compilation on a tiny array so the baseline includes JAX's own footprint
@@ -106,6 +119,31 @@ def main():
         value = float(np.asarray(jask.numpy.mean(a, axis=0)).sum())
     elif workload == "add":
         (a + b).to_zarr(os.path.join(data_dir, "c.zarr"), overwrite=True)
+        value = 0.0
+    elif workload == "softmax":   # logsumexp over axis 0 (one pass), then exp(a - it) written: 2 passes, was 3
+        import jask.nn
+        jask.nn.softmax(a, axis=0).to_zarr(os.path.join(data_dir, "s.zarr"), overwrite=True)
+        value = float(np.asarray(jask.nn.logsumexp(a, axis=1)).sum())
+    elif workload == "slices":    # strided output tiles span several input tiles: all held at once, some read twice
+        a[::2, ::3].to_zarr(os.path.join(data_dir, "c.zarr"), overwrite=True)
+        value = float(jask.sum(a[1::2, 5:8000:3])) + float(jask.sum(a[::-3, -2::-2]))
+    elif workload == "grad_wide":  # a's gradient (as big as a) through a @ w; w's (a loss pass of row blocks of a)
+        w = jask.from_numpy(np.random.default_rng(2).standard_normal((n, 64), dtype=np.float32))
+        loss = lambda x, v: jask.sum(jask.square(x @ v))
+        jax.grad(loss)(a, w).to_zarr(os.path.join(data_dir, "c.zarr"), overwrite=True)
+        value = float(np.asarray(jax.grad(loss, argnums=1)(a, w)).sum())
+    elif workload == "reshape":   # merges axes across tiles: planning enumerated every element of each output tile
+        jask.numpy.reshape(a, (n // 2, 2 * n)).to_zarr(os.path.join(data_dir, "r.zarr"), overwrite=True)
+        value = 0.0
+    elif workload == "concat":    # each output tile reads one piece's tile (the plan charged both pieces)
+        jask.numpy.concatenate([a, b], axis=1).to_zarr(os.path.join(data_dir, "c.zarr"), overwrite=True)
+        value = 0.0
+    elif workload == "small_tiles_zstd":   # tiles of 2048 rows in zstd chunks of 16384: decoded 8 times each
+        import subprocess                    # built in a child, so this process's peak is the workload's
+        subprocess.run([sys.executable, __file__, "make_tall", data_dir, budget, str(n)], check=True)
+        jask.config.update("tile", 2048)
+        (jask.from_zarr(os.path.join(data_dir, "t.zarr")) + 0.0).to_zarr(os.path.join(data_dir, "c.zarr"),
+                                                                         overwrite=True)
         value = 0.0
     else:
         raise SystemExit(f"unknown workload {workload}")

@@ -28,7 +28,8 @@ def data_dir(tmp_path_factory):
     shutil.rmtree(d, ignore_errors=True)   # hundreds of MB; the suite may leave at most 10 MB
 
 
-@pytest.mark.parametrize("workload", ["sum", "grad", "add", "mean0"])
+@pytest.mark.parametrize("workload", ["sum", "grad", "add", "mean0", "slices", "grad_wide", "reshape",
+                                      "small_tiles_zstd", "softmax", "concat"])
 def test_peak_rss_within_budget(workload, data_dir):
     r = _run(workload, data_dir)
     assert r["array_bytes"] >= 8 * r["budget"]

@@ -430,7 +430,7 @@ def _case(prog: Program) -> Case:
     limit = LARGEST_BOUND[prog.dtype]
     assume(np.all(bound < limit) and all(np.all(g < limit) for g in bound_grads))
 
-    u, tiny = UNIT_ROUNDOFF[prog.dtype], float(np.finfo(dtype).tiny)
+    u, tiny = UNIT_ROUNDOFF[prog.dtype], float(ml_dtypes.finfo(dtype).tiny)   # numpy's finfo knows bfloat16 only with some ml_dtypes
     k = rounding_steps(prog.root)
     k_grad = 2 * k + W.size + 2       # the backward pass, and the loss's own product and sum
     k_loss = k + W.size + 1

@@ -155,10 +155,11 @@ def _shape_cases(edge, dtype):
     from jask.ops.indexing import Strided
     from jask.ops.shape import Reshape
     n, m = 3 * edge, 3 * edge // 2
-    x, iota = _tiled((n, n), dtype, edge), _tiled((m, 1), np.int32, edge)
-    op = Strided.from_inputs(x, x, x, iota, axes=(0,), starts=(1,), steps=(2,), out_shape=(m, n))
-    strided = _window_case("np_strided", op, [x.block_shape] * 3 + [iota.block_shape], [dtype] * 3 + [np.int32],
-                           (min(edge, m), min(edge, n)), 1, edge, dtype)
+    x, in_rows, out_rows = _tiled((n, n), dtype, edge), _tiled((n, 1), np.int32, edge), _tiled((m, 1), np.int32, edge)
+    op = Strided.from_inputs(x, in_rows, out_rows, axes=(0,), starts=(1,), steps=(2,), out_shape=(m, n))
+    strided = _window_case("np_strided", op, [x.block_shape, in_rows.block_shape, out_rows.block_shape],
+                           [dtype, np.int32, np.int32], (min(edge, m), min(edge, n)), len(op.index_map((0, 0))),
+                           edge, dtype)
     x, witness = _tiled((n, 2, 2), dtype, edge), _tiled((1, 4), np.bool_, edge)
     op = Reshape.from_inputs(x, witness, out_shape=(n, 4))
     reshape = _window_case("np_reshape", op, [x.block_shape, witness.block_shape], [dtype, np.bool_],

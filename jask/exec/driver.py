@@ -41,12 +41,12 @@ def make_plan(roots) -> Plan:
 def explain(nodes) -> str:
     """The plan a sink would run for these nodes: tile edge, stages, fused ops, projected memory, I/O."""
     p = make_plan(nodes)
-    read, written, n_windows = planned_io(p)
+    read, written, n_windows, largest = _planned(p)
     devices = pass_devices(p, compute_devices())
     where = str(devices[0]) if len(devices) == 1 else f"{len(devices)} devices ({', '.join(map(str, devices))})"
-    return (p.describe() + f"\n  {n_windows} window{'s' * (n_windows != 1)} of at most "
-            f"{human_bytes(window_limit(p, len(devices)))} on {where} ({kernels.backend_name()} kernels); "
-            f"reads {human_bytes(read)}, writes {human_bytes(written)}")
+    return (p.describe(largest) + f"\n  {n_windows} window{'s' * (n_windows != 1)} of at most "
+            f"{human_bytes(largest)} (limit {human_bytes(window_limit(p, len(devices)))}) on {where} "
+            f"({kernels.backend_name()} kernels); reads {human_bytes(read)}, writes {human_bytes(written)}")
 
 
 def planned_io(p: Plan) -> tuple[int, int, int]:
@@ -54,8 +54,14 @@ def planned_io(p: Plan) -> tuple[int, int, int]:
 
     A custom op's ``forward`` reads as it likes: counted as reading each input once. A root already
     stored is read once by its sink (a copy writes no computed bytes: ``Stats.bytes_written`` counts none)."""
+    return _planned(p)[:3]
+
+
+def _planned(p: Plan) -> tuple[int, int, int, int]:
+    """:func:`planned_io`, and the largest window's projected bytes: windows grow to their limit, so a
+    pass holds that, not the plan's projection of one tile."""
     read = sum(nbytes(r.resolved()) for r in p.roots if not isinstance(r.resolved(), OpNode))
-    written = n_windows = 0
+    written = n_windows = largest = 0
     n = len(pass_devices(p, compute_devices()))
     limit, batch = window_limit(p, n), window_input_bytes(compute_device())
     for group in p.groups:
@@ -66,9 +72,10 @@ def planned_io(p: Plan) -> tuple[int, int, int]:
         indices = itertools.product(*map(range, grid(group[0].shape, p.tile)))
         for _, w in spread(p, group, indices, limit, batch, n):
             n_windows += 1
+            largest = max(largest, w.projected)
             read += sum(region_bytes(store, reg) for _, (store, reg) in w.reads)
         written += sum(nbytes(n) for n in group if n.shape != ())
-    return read, written, n_windows
+    return read, written, n_windows, largest
 
 
 _deferred: list = []          # weak references to nodes the next run stores too (store_with_next_run)

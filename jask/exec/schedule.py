@@ -20,6 +20,9 @@ stored tile read, ``SLOTS_PER_OP`` per computed intermediate tile,
 limit, or its input would pass ``WINDOW_INPUT_BYTES``, or its entries
 ``MAX_WINDOW_ENTRIES``: one window is at most what the planner projected for
 one tile when the tile already fills the budget, and small tiles share a call.
+A reduction tile that does not fit whole in what is left of a window starts
+the next one: a window straddling two tiles has an index table of its own,
+compiled into a program of its own (each compile leaves memory resident).
 Tiles of a lockstep group move together: a member may read an
 earlier member's tile of the same index from memory.
 """
@@ -88,6 +91,7 @@ class Window:
     calls: list
     done: list                 # (node, tile index) of stage tiles finished here, in order
     constants: dict            # value key -> (kind, node, block) for zeros, placeholders, scalars
+    projected: int = 0         # its projected bytes (the slot terms): what the pass holds, not one tile's share
 
 
 class _Draft:
@@ -207,7 +211,7 @@ class _Draft:
     def seal(self) -> Window:
         calls = [self._call(self.groups[g]) for g in self._dependency_order()]
         reads = list(self.reads.values())
-        return Window(reads, list(self.reads), calls, list(self.done), dict(self.constants))
+        return Window(reads, list(self.reads), calls, list(self.done), dict(self.constants), self.bytes)
 
     def _call(self, group) -> Call:
         tiles = list(group["tiles"])
@@ -290,8 +294,10 @@ def windows(plan, group, indices, limit_bytes: int, batch_bytes: int = WINDOW_IN
         if one_pass or (len(group) == 1 and len(per_node[0][1]) > 1):
             # a reduction tile split into entries; members of a one-pass group take entry k together
             at = _pass_members(plan, group) if one_pass else [(n, idx, ents) for n, ents in per_node]
-            if rows > 1 and draft.full(_tile_cost(draft, at, lo, hi), limit_bytes, batch_bytes, hi - lo):
-                yield draft.seal()   # in bands a tile starts a window it fits in whole: rectangles stay whole
+            if not one_pass and not _fits_whole(draft, at, lo, hi, limit_bytes, batch_bytes):
+                # a tile starts a window it fits in whole: rectangles stay whole in bands, and elsewhere windows
+                # never straddle two tiles, whose distinct tables would each compile a program (see DESIGN.md)
+                yield draft.seal()
                 draft = _Draft(plan, stage_ids)
             for k in range(lo, hi):
                 cost = _entry_cost(draft, at, k)
@@ -339,6 +345,21 @@ def _tile_cost(draft, at, lo, hi, seen=None):
     seen = set() if seen is None else seen
     costs = [draft.cost(n, i, [ents[k]], seen) for k in range(lo, hi) for n, i, ents in at]
     return sum(c[0] for c in costs), sum(c[1] for c in costs)
+
+
+def _fits_whole(draft, at, lo, hi, limit_bytes, batch_bytes) -> bool:
+    """Whether entries ``lo:hi`` fit in the window being filled (trivially when it is empty), costed entry by
+    entry: a tile of thousands of entries stops at the first one past the limit, so only entries a window
+    could hold have their programs built."""
+    if not draft.entries:
+        return True
+    seen, total = set(), (0, 0)
+    for k in range(lo, hi):
+        cost = _tile_cost(draft, at, k, k + 1, seen)
+        total = (total[0] + cost[0], total[1] + cost[1])
+        if draft.full(total, limit_bytes, batch_bytes, (k + 1 - lo) * len(at)):
+            return False
+    return True
 
 
 def spread(plan, group, indices, limit_bytes: int, batch_bytes: int, n: int, first: int = 0,

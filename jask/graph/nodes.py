@@ -79,7 +79,23 @@ class OpSpec:
         object.__setattr__(self, "identity", _by_bits(self.kwargs))
 
     def build(self, tiled_inputs):
-        return self.cls.from_inputs(*tiled_inputs, **dict(self.kwargs))
+        """The op for these tiled inputs: one instance per (spec, tiling), shared by the call-time checks,
+        the gradient and the planner (``from_inputs`` may enumerate every tile, as a regrouping reshape does)."""
+        key = (self, tuple(tiled_inputs))
+        with _BUILT_LOCK:
+            op = _BUILT.get(key)
+        if op is None:
+            op = self.cls.from_inputs(*tiled_inputs, **dict(self.kwargs))
+            with _BUILT_LOCK:
+                _BUILT[key] = op
+                while len(_BUILT) > _BUILT_SIZE:
+                    _BUILT.pop(next(iter(_BUILT)))
+        return op
+
+
+_BUILT: dict = {}     # (OpSpec, tiled inputs) -> op, oldest first
+_BUILT_SIZE = 256
+_BUILT_LOCK = threading.Lock()
 
 
 def _by_bits(value):

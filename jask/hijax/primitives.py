@@ -23,7 +23,7 @@ from jask.hijax import compat, runtime
 from jask.hijax.array import DiskArrayType, is_disk_array
 from jask.hijax import unit_grads
 from jask.hijax.grad import gradient_node
-from jask.hijax.residuals import keep_small_residuals
+from jask.hijax.residuals import keep_output, keep_small_residuals
 from jask.plan.tiling import default_tile
 
 
@@ -66,24 +66,26 @@ def output_type(spec: OpSpec, op, types):
 class OpPrimitive(compat.HiPrimitive):
     """One application of a BlockParallelOp (or CustomOp) to DiskArrays."""
 
-    def __init__(self, spec: OpSpec, in_types, out_type, loss: bool = False):
+    def __init__(self, spec: OpSpec, in_types, out_type, loss: bool = False, fixed: tuple[int, ...] = ()):
         self.in_avals = tuple(in_types)
         self.out_aval = out_type
-        self.params = dict(spec=spec, signature=(tuple(in_types), out_type), loss=loss)
+        self.params = dict(spec=spec, signature=(tuple(in_types), out_type), loss=loss, fixed=fixed)
         super().__init__()
 
     def expand(self, *args):
-        (out,) = runtime.host_call(ApplyOp(self.spec, self.loss), (self.out_aval,),
+        (out,) = runtime.host_call(ApplyOp(self.spec, self.loss, self.fixed), (self.out_aval,),
                                    [runtime.ref_of(a, t) for a, t in zip(args, self.in_avals)],
                                    _array_flags(self.in_avals))
         return out
 
     def vjp_fwd(self, nzs_in, *args):
-        if self.out_aval.shape == () and not self.loss:
-            # a scalar under differentiation: its run also computes small weights' unit gradients
-            out = OpPrimitive(self.spec, self.in_avals, self.out_aval, loss=True)(*args)
-        else:
-            out = self(*args)
+        # the node learns which inputs are not differentiated (no unit gradient for them: unit_grads);
+        # a scalar under differentiation: its run also computes small weights' unit gradients
+        fixed = tuple(i for i, nz in enumerate(nzs_in) if not nz)
+        scalar = self.out_aval.shape == ()
+        out = OpPrimitive(self.spec, self.in_avals, self.out_aval, loss=scalar, fixed=fixed)(*args)
+        if not scalar:
+            out = keep_output(out, self.in_avals, self.out_aval, nzs_in)
         return out, keep_small_residuals(args, self.in_avals)
 
     def vjp_bwd(self, res, g, *accums):
@@ -134,12 +136,15 @@ class ApplyOp:
 
     spec: OpSpec
     loss: bool = False      # differentiated: small inputs' unit gradients share the run (unit_grads)
+    fixed: tuple[int, ...] = ()     # under differentiation: the inputs that are not differentiated
 
     def __call__(self, *inputs):
         nodes = tuple(runtime.as_node(i) for i in inputs)
         types = [DiskArrayType(n.shape, n.dtype) for n in nodes]
         out = output_type(self.spec, call_time_op(self.spec, types), types)
         node = OpNode(self.spec, nodes, out.shape, out.dtype)
+        if self.fixed:
+            node.fixed_inputs = frozenset(self.fixed)
         if out.shape == ():
             return (unit_grads.run_loss(node),) if self.loss else run([node])
         return (node,)

@@ -78,11 +78,14 @@ class FromMemoryPrimitive(compat.HiPrimitive):
 class _Persist:
     defer: bool = False
     only: object = None       # with ``defer``: store only the nodes this predicate accepts
+    optional: bool = True     # with ``only``: a saving, which a shared loss pass drops
 
     def __call__(self, *nodes):
         if self.defer:
-            # a predicate marks a gradient's residuals: a saving, which a shared loss pass drops
-            store_with_next_run([n for n in nodes if self.only is None or self.only(n)], optional=self.only is not None)
+            # a predicate marks a gradient's residuals: a saving, which a shared loss pass drops unless
+            # a big input's gradient, which that pass never computes, needs it (residuals.keep_output)
+            store_with_next_run([n for n in nodes if self.only is None or self.only(n)],
+                                optional=self.only is not None and self.optional)
             return nodes
         return tuple(run(nodes))
 
@@ -91,19 +94,19 @@ class PersistPrimitive(compat.HiPrimitive):
     """``persist`` under jit: compute arrays into scratch now (or with the next run); the identity for gradients.
 
     ``only`` (with ``defer``): a predicate on nodes; the others are passed through unstored
-    (:mod:`jask.hijax.residuals` keeps only small residuals so).
+    (:mod:`jask.hijax.residuals` keeps only small residuals so), and those stored are ``optional``.
     """
 
-    def __init__(self, types, defer=False, only=None):
+    def __init__(self, types, defer=False, only=None, optional=True):
         self.in_avals = tuple(types)
         self.out_aval = tuple(types)
-        self.defer, self.only = defer, only
-        self.params = dict(signature=tuple(types), defer=defer, only=only)
+        self.defer, self.only, self.optional = defer, only, optional
+        self.params = dict(signature=tuple(types), defer=defer, only=only, optional=optional)
         super().__init__()
 
     def expand(self, *xs):
-        return runtime.host_call(_Persist(self.defer, self.only), self.out_aval, [runtime.ref_of(x) for x in xs],
-                                 [True] * len(xs))
+        return runtime.host_call(_Persist(self.defer, self.only, self.optional), self.out_aval,
+                                 [runtime.ref_of(x) for x in xs], [True] * len(xs))
 
     def vjp_fwd(self, nzs, *xs):
         return self(*xs), None

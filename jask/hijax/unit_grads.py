@@ -8,9 +8,11 @@ weight that is a reduction to a few tiles over the same tiles of X as the loss.
 
 So when an op with a scalar output runs under differentiation
 (``OpPrimitive.vjp_fwd``), :func:`run_loss` walks the graph below it, builds the
-unit contributions of every small stored input (the same lazy gradient nodes
-the backward would build, with ``g = 1``) and has the planner join them to the
-loss's pass (:func:`jask.exec.driver.run_sharing_pass`); they come back as
+unit contributions of every small stored input that ``jax.grad`` differentiates
+(the same lazy gradient nodes the backward would build, with ``g = 1``; an op's
+``vjp_fwd`` marks the inputs it is not differentiated for as its node's
+``fixed_inputs``, so a constant W of ``A @ W`` costs no reduction) and has the
+planner join them to the loss's pass (:func:`jask.exec.driver.run_sharing_pass`); they come back as
 small in-memory arrays. The backward's host functions then ask
 :func:`cotangent_scale` whether the cotangent they got is ``g`` times a unit
 cotangent of that walk, and :func:`known_contribution` answers a small input's
@@ -101,7 +103,8 @@ def _walk(root: OpNode):
         walk.refs += [weakref.ref(n) for n in node.inputs if not isinstance(n, ScalarNode)]
         if issubclass(node.spec.cls, CustomOp):
             continue
-        skip = getattr(node.spec.cls, "nondiff_inputs", ())
+        # inputs jax.grad does not differentiate (OpPrimitive.vjp_fwd) need no unit gradient
+        skip = {*getattr(node.spec.cls, "nondiff_inputs", ()), *getattr(node, "fixed_inputs", ())}
         for i, inp in enumerate(node.inputs):
             r = inp.resolved()
             if i in skip or r.shape == () or not jnp.issubdtype(r.dtype, jnp.inexact):   # bfloat16 too

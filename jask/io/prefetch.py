@@ -11,7 +11,7 @@ from __future__ import annotations
 import threading
 import time
 
-from jask.io import maps
+from jask.io import decoded_chunks, maps
 from jask.io.layout import describe_region
 from jask.io.buffers import shared_pool
 from jask.io.settings import setting
@@ -81,6 +81,8 @@ class Prefetcher:
         self._end: int | None = None   # sequence number one past the last request
         self._stop = False
         self._closed = False
+        decoded_chunks.pass_opened()   # a tile inside a bigger compressed chunk: keep the chunk for the next
+        self._pass_open = True         # tiles of it (until close())
         n = max(1, min(self.depth, 2) if threads is None else int(threads))
         self._threads = [threading.Thread(target=self._work, name=f"jask-read-{i}", daemon=True)
                          for i in range(n)]
@@ -189,6 +191,9 @@ class Prefetcher:
         with self._cv:
             self._results.clear()
             self.held = 0
+            was_open, self._pass_open = self._pass_open, False
+        if was_open:
+            decoded_chunks.pass_closed()
         self.pool.trim(self.retain_bytes)
 
     @property
@@ -215,6 +220,9 @@ class Prefetcher:
                 self._cv.notify_all()
             for _ in self._threads:
                 self._slots.release()
+        if getattr(self, "_pass_open", False):   # never closed: its kept chunks go all the same
+            self._pass_open = False
+            decoded_chunks.pass_closed()
 
 
 def _read_error(key, err, read) -> TileReadError:

@@ -4,10 +4,10 @@
   the fastest route the store's layout allows. Uncompressed chunks (plain or
   inside shards) are read with ``preadv`` straight from the chunk file into the
   destination buffer: one system call and no decode, copy or allocation
-  inside zarr. Compressed Zarr v3 chunks are decoded by TensorStore when it
-  is installed (it decodes on its own thread pool); everything else
-  (Zarr v2, 0-d arrays, no TensorStore) goes through zarr-python's
-  ``get_basic_selection(out=...)``, which also fills the preallocated buffer.
+  inside zarr. Compressed Zarr v3 chunks are decoded by TensorStore when it is installed (on its
+  own thread pool); everything else (Zarr v2, 0-d arrays, no TensorStore) by zarr-python's
+  ``get_basic_selection(out=...)``. Both decode whole chunks: in a pass, a tile covering part of
+  a chunk is copied out of the chunk kept decoded (:mod:`jask.io.decoded_chunks`).
   :class:`jask.io.prefetch.Prefetcher` runs such reads ahead of the consumer.
 * :meth:`TileReader.map_chunk` instead maps a whole uncompressed chunk file
   read-only (:mod:`jask.io.maps`): no copy at all from a warm page cache. The
@@ -41,6 +41,7 @@ import numpy as np
 
 from jask.io import dtypes, faults, leases, maps, metadata
 from jask.io.buffers import aligned_empty
+from jask.io.decoded_chunks import DecodedChunks
 from jask.io.layout import MAX_UINT64, ChunkLayout, covering, describe_region
 from jask.io.pins import folder_deleted, folder_emptied
 from jask.io.read_errors import CorruptChunkError, MissingChunkError, TileReadError, dense_hint
@@ -54,8 +55,6 @@ class TileKey(NamedTuple):
     array: object
     tile: tuple
 
-
-# ---------------------------------------------------------------- reads
 
 def prepare_read(region, out, dtype, path):
     """``region`` as a tuple and the buffer for it (``out`` checked, or a fresh aligned one); fires ``before_tile_read``."""
@@ -89,6 +88,7 @@ class TileReader:
         self._indexes: OrderedDict = OrderedDict()
         self._lock = threading.Lock()
         self._ts = _open_tensorstore(self.root, self.array) if self.layout.mode == "zarr" else None
+        self._decoded = DecodedChunks(self.layout.shape, self.layout.chunk)   # used on the zarr route only
 
     @property
     def mode(self) -> str:
@@ -114,19 +114,25 @@ class TileReader:
     # ------------------------------------------------------------ zarr route
 
     def _read_zarr(self, region, out):
-        from zarr.core.buffer.cpu import NDBuffer
         if self.dense and self.layout.shape:
             for coords in covering(region, self.layout.outer):
                 self._require_file(coords)
         try:
-            if self._ts is not None:
-                out[...] = self._ts[region].read().result()
-            elif out.ndim == 0:
+            if out.ndim == 0:
                 out[...] = self.array[()]
+            elif self._decoded.wanted(region):   # part of a chunk: decode that chunk once for all its tiles
+                self._decoded.read(region, out, self._decode)
             else:
-                self.array.get_basic_selection(region, out=NDBuffer.from_numpy_array(out))
+                self._decode(region, out)
         except Exception as e:
             raise self._decode_error(region, e) from e
+
+    def _decode(self, region, out):
+        from zarr.core.buffer.cpu import NDBuffer
+        if self._ts is not None:
+            out[...] = self._ts[region].read().result()
+            return
+        self.array.get_basic_selection(region, out=NDBuffer.from_numpy_array(out))
 
     def _chunk_key(self, outer_coords):
         meta = self.array.metadata
@@ -323,9 +329,8 @@ USE_TENSORSTORE = True   # read compressed Zarr v3 stores with TensorStore when 
 def _open_tensorstore(path, array):
     """A TensorStore view of a Zarr v3 array for compressed reads, or None (not installed, or not v3).
 
-    TensorStore decodes chunks on its own thread pool, so one reader thread
-    keeps both cores decoding; zarr-python decodes one chunk at a time here.
-    Its chunk cache is turned off: cached chunks would count against no budget.
+    TensorStore decodes chunks on its own thread pool, so one reader thread keeps both cores decoding;
+    zarr-python decodes one chunk at a time here. Its chunk cache is off: it would count against no budget.
     """
     if not USE_TENSORSTORE or getattr(array.metadata, "zarr_format", 2) != 3 or not array.shape:
         return None
@@ -381,13 +386,14 @@ def _pread_chunk(fd, offset, chunk_shape, inner, dest):
 
 
 _readers: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+_readers_lock = threading.Lock()
 
 
 def reader_for(store) -> TileReader:
-    """The :class:`TileReader` of ``store``, kept (with its shard indexes) as long as the store lives."""
-    r = _readers.get(store)
-    if r is None or r.path != store.path or r.array is not store.array:
-        make = getattr(store, "make_reader", None)   # a remote store reads through zarr (jask.io.remote)
-        r = make() if make is not None else TileReader(store)
-        _readers[store] = r
+    """The :class:`TileReader` of ``store`` (one, also when reader threads ask at once), kept as long as it lives."""
+    with _readers_lock:
+        r = _readers.get(store)
+        if r is None or r.path != store.path or r.array is not store.array:
+            make = getattr(store, "make_reader", None)   # a remote store reads through zarr (jask.io.remote)
+            r = _readers[store] = make() if make is not None else TileReader(store)
     return r

@@ -2,7 +2,7 @@
 
 Activations are elementwise jnp functions lifted tile by tile
 (:func:`jask.ops.elementwise.lift`); ``softmax``/``log_softmax`` stream over
-their axis with the stable ``logsumexp`` (a max pass, then a sum pass).
+their axis with the stable one-pass ``logsumexp`` (blocks folded by ``logaddexp``).
 With no DiskArray argument every function is ``jax.nn``'s own.
 """
 import jax
@@ -34,7 +34,7 @@ def gelu(x, approximate=True):
 
 
 def logsumexp(a, axis=None, b=None, keepdims=False, return_sign=False, where=None):
-    """``jax.nn.logsumexp``: stable, in two streaming passes."""
+    """``jax.nn.logsumexp``: stable, in one streaming pass."""
     if not is_disk_array(a):
         return jax.nn.logsumexp(a, axis=axis, b=b, keepdims=keepdims, return_sign=return_sign, where=where)
     return _red.logsumexp(a, axis=axis, b=b, keepdims=keepdims, return_sign=return_sign, where=where)
@@ -51,7 +51,7 @@ def log_softmax(x, axis=-1, where=None, _name="log_softmax"):
 
 
 def softmax(x, axis=-1, where=None):
-    """``exp(x - logsumexp(x, axis, keepdims=True))``: stable, streaming over long axes."""
+    """``exp(x - logsumexp(x, axis, keepdims=True))``: stable, two passes over ``x`` (logsumexp, then exp)."""
     if not is_disk_array(x):
         return jax.nn.softmax(x, axis=axis, where=where)
     return _ew.exp(log_softmax(x, axis=axis, where=where, _name="softmax"))

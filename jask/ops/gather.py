@@ -60,12 +60,7 @@ class Take(BlockParallelOp):
         return jnp.where(mask, taken, jnp.zeros((), x.dtype))
 
     def combine(self, acc, partial):
-        """Each output row comes from one entry and is the others' +0 fill: keep the partial's value unless it
-        is that fill (an exact +0), so a -0.0 taken stays -0.0 (a sum of the partials gives +0.0)."""
-        fill = partial == 0
-        if jnp.issubdtype(partial.dtype, jnp.floating):
-            fill = fill & ~jnp.signbit(partial)
-        return jnp.where(fill, acc, partial)
+        return keep_taken(acc, partial)
 
     def backward_block(self, d_out_block, x, rows, idx):
         _, vjp = jax.vjp(lambda x: self.forward_block(x, rows, idx), x)
@@ -80,6 +75,15 @@ class Take(BlockParallelOp):
 
 
 _take = make_op(Take, name="take")
+
+
+def keep_taken(acc, partial):
+    """Fold the entries of a gather: each output element comes from one entry and is the others' +0 fill, so
+    keep the partial's value unless it is that fill (an exact +0); a -0.0 taken stays -0.0 (a sum gives +0.0)."""
+    fill = partial == 0
+    if jnp.issubdtype(partial.dtype, jnp.floating):
+        fill = fill & ~jnp.signbit(partial)
+    return jnp.where(fill, acc, partial)
 
 
 def _indices(name, indices, n):

@@ -2,10 +2,10 @@
 
 An output tile's ``index_map`` lists every input block along the reduced axes;
 ``forward_block`` reduces one block and ``combine`` folds the partials, so
-``sum``, ``max``, ``min``, ``prod`` and ``any`` take one pass (float16 and bfloat16
-sums and products accumulate in float32 and are cast back, as in jnp). ``mean``, ``var``, ``std``, ``all``,
-``logsumexp``, ``argmax``/``argmin`` and ``norm`` are compositions of these with
-elementwise ops (``var``, ``logsumexp`` and ``arg*`` take two passes).
+``sum``, ``max``, ``min``, ``prod``, ``any`` and ``logsumexp`` (blocks' logsumexps folded by
+``logaddexp``) take one pass (float16 and bfloat16 sums and products accumulate in float32 and
+are cast back, as in jnp). ``mean``, ``var``, ``std``, ``all``, ``argmax``/``argmin`` and ``norm``
+are compositions of these with elementwise ops (``var`` and ``arg*`` take two passes).
 
 Gradients of ``max``/``min``/``prod`` need the reduction's result, which a
 ``backward_block`` does not see, so their op takes it (and a count) as extra
@@ -156,6 +156,22 @@ class Prod(Reduce):
                 jnp.zeros_like(zeros))
 
 
+class LogSumExp(Reduce):
+    """Each block's stable logsumexp folded by ``logaddexp``: one pass (a max pass, then a sum of ``exp(x - max)``,
+    read the input twice). Reference ``(the result with keepdims,)``: the gradient is ``exp(x - result)``."""
+
+    reduce = staticmethod(jax.nn.logsumexp)
+
+    def combine(self, acc, partial):
+        return jnp.logaddexp(acc, partial)
+
+    def backward_block(self, d_out_block, x, *refs):
+        if len(refs) != 1:
+            raise NotImplementedError("logsumexp without its reference input has no gradient")
+        (result,) = refs
+        return ((self.expanded(d_out_block) * jnp.exp(x - result)).astype(x.dtype), jnp.zeros_like(result))
+
+
 class Any(Reduce):
     """Whether any element is true, over the axes (bool in, bool out: no gradient)."""
 
@@ -167,6 +183,7 @@ class Any(Reduce):
 
 
 _sum, _max, _min, _prod, _any = (make_op(c, name=c.__name__.lower()) for c in (Sum, Max, Min, Prod, Any))
+_logsumexp = make_op(LogSumExp, name="logsumexp")
 
 
 def _jnp_for_in_memory(fn):
@@ -336,16 +353,14 @@ def _truth(a):
 
 
 def logsumexp(a, axis=None, b=None, keepdims=False, return_sign=False, where=None):
-    """``log(sum(exp(a)))`` over ``axis``, stable: a max pass, then a sum pass of ``exp(a - max)``."""
+    """``log(sum(exp(a)))`` over ``axis``, stable, in one pass (:class:`LogSumExp`; float16 in float32)."""
     _check("logsumexp", a, where)
     if b is not None or return_sign:
         raise NotImplementedError("jask logsumexp: b= and return_sign= are not supported; "
                                   "scale with jask.numpy.log(b) added to a instead of b=")
     axes = normalize_axis(axis, type_of(a).ndim, "logsumexp")
-    m = _detached(_max, a, axes)
-    m = ew.where(ew.isfinite(m), m, 0)                      # all -inf (or inf) slices, as jax.nn.logsumexp
-    out = ew.add(ew.log(_sum(ew.exp(ew.subtract(a, m)), axis=axes, keepdims=True)), m)
-    return out if keepdims else _sum(out, axis=axes)        # a sum over size-1 axes: drops them
+    a, out_dtype = _moment_input(a, None)
+    return _cast(_logsumexp(a, _detached(_logsumexp, a, axes), axis=axes, keepdims=keepdims), out_dtype)
 
 
 def _arg_extremum(name, op, a, axis, keepdims):

@@ -8,11 +8,18 @@ from __future__ import annotations
 import numpy as np
 
 from jask.graph.nodes import Node
+from jask.graph.tiling import grid
 from jask.plan.walk import leaves_and_ops
 
 SLOTS_PER_LEAF = 4   # per stored input tile: raw chunk bytes, the assembled tile, its device copy, one read ahead
 SLOTS_PER_OP = 2     # per op on the pull path: a partial and an accumulator
 SLOTS_FIXED = 2      # per output tile: the finished tile and its write buffer
+# per stored input whose tiles cover parts of chunks that decode only whole (compressed, Zarr v2, object
+# stores): the chunks kept decoded while their tiles are read (jask.io.decoded_chunks.CACHED_CHUNKS)
+DECODED_CHUNK_SLOTS = 2
+# output tiles of a stage past which the projection charges every node below, not each tile's reach: planning
+# walks every tile's index maps (~0.1 ms each), at each tile edge it tries
+MAX_REACH_TILES = 4096
 
 
 def elements(shape, tile: int) -> int:
@@ -33,24 +40,66 @@ def tile_bytes(node: Node, tile: int) -> int:
     return elements(node.shape, tile) * max(node.dtype.itemsize, 4)
 
 
-def group_bytes(group, fused_ids, tile: int, live) -> int:
+def decoded_chunk_bytes(node: Node, tile: int) -> int:
+    """Bytes of the decoded chunks a stored leaf keeps beyond its tile slots: ``DECODED_CHUNK_SLOTS`` chunks
+    when a read decodes whole chunks and a tile of this edge covers only part of one (0 otherwise).
+
+    A tile of 2048 rows of a chunk of 16384 holds the whole 4 MiB chunk decoded, not its 512 KiB.
+    Read from the store's Zarr metadata, not its bytes.
+    """
+    store = getattr(node, "store", None)
+    array = getattr(store, "array", None)
+    if array is None or not node.shape:
+        return 0
+    whole = (getattr(array.metadata, "zarr_format", 3) == 2 or "://" in str(getattr(store, "path", ""))
+             or bool(getattr(array, "compressors", ()) or getattr(array, "filters", ())))
+    chunks = tuple(getattr(array, "chunks", node.shape))
+    part = any(min(tile, d) < d and min(tile, d) % min(c, d) for c, d in zip(chunks, node.shape))
+    return DECODED_CHUNK_SLOTS * int(np.prod(chunks, dtype=np.int64)) * array.dtype.itemsize if whole and part else 0
+
+
+def group_bytes(group, fused_ids, tile: int, live, reach=None) -> int:
     """Projected bytes of one lockstep group: its members' terms, each distinct leaf charged once.
 
     Members read a shared leaf's tile once per index (the executor's memo), and
     a member read by a later one is already held as that member's output tile.
+    With ``reach`` (a :class:`jask.plan.walk.TileReach`) the terms are those of
+    the output tile that reaches the most, not of every node below: a tile of a
+    ``concatenate`` reads one piece, not all of them (up to ``MAX_REACH_TILES``
+    output tiles; past that, and for a one-pass group, whose members differ in
+    shape, every node below is charged).
     """
+    bound = _charge(group, [leaves_and_ops(n, fused_ids, live) for n in group], tile)
+    tiles = grid(group[0].shape, tile)
+    if reach is None or len({n.shape for n in group}) > 1 or np.prod(tiles, dtype=np.int64) > MAX_REACH_TILES:
+        return bound
+    charged = {}                        # what a tile reaches -> its bytes: tiles reaching alike are charged once
+    try:
+        for idx in np.ndindex(*tiles):
+            pulled = [reach(n, idx) for n in group]
+            key = tuple((frozenset(map(id, leaves)), frozenset(map(id, ops))) for leaves, ops in pulled)
+            if key not in charged:
+                charged[key] = _charge(group, pulled, tile)
+                if charged[key] >= bound:
+                    return bound        # a tile reaches everything (most ops): no need to look further
+    except Exception:   # noqa: BLE001 -- a user op's index_map: its error is raised naming the tile, at run time
+        return bound
+    return max(charged.values(), default=bound)
+
+
+def _charge(group, pulled, tile: int) -> int:
+    """The slot terms of ``group`` given each member's ``(leaves, ops)`` pulled for one output tile."""
     members = {id(n) for n in group}
     leaves, op_bytes = {}, 0
-    for node in group:
-        node_leaves, ops = leaves_and_ops(node, fused_ids, live)
+    for node_leaves, ops in pulled:
         leaves.update((id(n), n) for n in node_leaves if id(n) not in members)
         op_bytes += sum(tile_bytes(n, tile) for n in ops)
-    return (SLOTS_PER_LEAF * sum(tile_bytes(n, tile) for n in leaves.values())
+    return (sum(SLOTS_PER_LEAF * tile_bytes(n, tile) + decoded_chunk_bytes(n, tile) for n in leaves.values())
             + SLOTS_PER_OP * op_bytes
             + SLOTS_FIXED * sum(tile_bytes(n, tile) for n in group))
 
 
-def projected_bytes(groups, fused_ids, tile: int, live) -> int:
+def projected_bytes(groups, fused_ids, tile: int, live, reach=None) -> int:
     """Projected peak bytes of executing ``groups`` of stages with tile edge ``tile``.
 
     Per stage, each term charged at the tile size of the array it belongs to:
@@ -60,6 +109,6 @@ def projected_bytes(groups, fused_ids, tile: int, live) -> int:
     accumulator), and ``SLOTS_FIXED`` output tiles (the finished tile and its
     write). Stages of one group run in lockstep, so their needs add up, except
     that a leaf they share is held once; groups run one after another, so the
-    plan's peak is the largest group.
+    plan's peak is the largest group (``reach``: charge what one tile reaches, see :func:`group_bytes`).
     """
-    return max((group_bytes(group, fused_ids, tile, live) for group in groups), default=0)
+    return max((group_bytes(group, fused_ids, tile, live, reach) for group in groups), default=0)

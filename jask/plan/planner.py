@@ -32,7 +32,7 @@ from jask.plan.fusion import entries_of, entry_program, live_positions
 from jask.plan.one_pass import PlanView, entry_count, pass_reductions, shares_a_pass
 from jask.plan.memory import SLOTS_FIXED, SLOTS_PER_LEAF, elements, group_bytes, human_bytes, projected_bytes, tile_bytes
 from jask.plan.tiling import MAX_TILE_ELEMENTS, MIN_TILE_EDGE, first_tile
-from jask.plan.walk import collect, leaves_and_ops, nbytes
+from jask.plan.walk import TileReach, collect, leaves_and_ops, nbytes
 
 
 LOCKSTEP_MIN_TILE_BYTES = 1 << 20  # the planner halves the tile for a lockstep join down to this size
@@ -85,9 +85,11 @@ class Plan:
         k = count(node)
         return k > 0 and k == count(loss)
 
-    def describe(self) -> str:
-        lines = [f"plan: tile edge {self.tile}, projected peak {human_bytes(self.projected_bytes)} "
-                 f"of budget {human_bytes(self.budget)}"]
+    def describe(self, largest_window: int = 0) -> str:
+        """The plan in a few lines; its peak is its largest window's projected bytes where given (windows grow
+        to the budget: a pass holds that, more than one tile's ``projected_bytes``)."""
+        peak = max(self.projected_bytes, largest_window)
+        lines = [f"plan: tile edge {self.tile}, projected peak {human_bytes(peak)} of budget {human_bytes(self.budget)}"]
         for group in self.groups:
             for k, n in enumerate(group):
                 inner = [self.prepared[id(f)].name for f in leaves_and_ops(n, self.fused_ids, self.live)[1][1:]]
@@ -148,7 +150,7 @@ def _plan_at(roots, order, tile, one_pass=True):
     """
     root_ids = {id(r.resolved()) for r in roots}
     copied = [r.resolved() for r in roots if not isinstance(r.resolved(), OpNode) and r.shape != ()]
-    prepared = {id(n): _prepare(n, tile, _prepared_cache) for n in order}
+    prepared = {id(n): _prepare(n, tile) for n in order}
     live = lambda n: live_positions(n, prepared[id(n)].op)
     live_order, edges = collect(roots, live)
     co = pass_reductions(roots, prepared, tile) if config.fusion and one_pass else set()
@@ -162,12 +164,13 @@ def _plan_at(roots, order, tile, one_pass=True):
             fused_ids.add(id(n))
     fused = [n for n in live_order if id(n) in fused_ids]
     stages = [n for n in live_order if id(n) not in fused_ids]
+    reach = TileReach(fused_ids, live, lambda n, block: entries_of(prepared[id(n)], n, block))
     groups, refused = _lockstep_groups(stages, prepared, fused_ids, tile, live, config.memory_budget,
-                                       in_step=config.fusion, one_pass=co)
+                                       in_step=config.fusion, one_pass=co, reach=reach)
     if co and not any(co <= {id(m) for m in g} for g in groups):
         p, need, names, also_refused = _plan_at(roots, order, tile, one_pass=False)
         return p, need, names, refused or also_refused
-    need = max(projected_bytes(groups, fused_ids, tile, live),
+    need = max(projected_bytes(groups, fused_ids, tile, live, reach),
                max(((SLOTS_PER_LEAF + SLOTS_FIXED) * tile_bytes(r, tile) for r in copied), default=0))
     names = ", ".join(prepared[id(n)].name for n in stages)
     if need > config.memory_budget:
@@ -210,7 +213,7 @@ def _feeding_only(targets, live_order, edges, root_ids) -> set:
 
 
 def _lockstep_groups(stages, prepared, fused_ids, tile, live, budget,
-                     in_step: bool = True, one_pass=frozenset()) -> tuple[list[list[OpNode]], bool]:
+                     in_step: bool = True, one_pass=frozenset(), reach=None) -> tuple[list[list[OpNode]], bool]:
     """Split stages into groups computed tile by tile together, sharing reads.
 
     Consecutive stages join one group when they have the same shape and each
@@ -245,7 +248,7 @@ def _lockstep_groups(stages, prepared, fused_ids, tile, live, budget,
             joins = (simple and joinable and groups[-1][0].shape == node.shape
                      and _reads_members_in_step(node, groups[-1], prepared, fused_ids, tile, live, in_step))
         if joins:
-            if group_bytes(groups[-1] + [node], fused_ids, tile, live) <= budget:
+            if group_bytes(groups[-1] + [node], fused_ids, tile, live, reach) <= budget:
                 groups[-1].append(node)
                 continue
             refused = True
@@ -298,7 +301,8 @@ def _should_fuse(node, edges, prepared, fused_ids, tile, live, feeds_one_pass=Fa
     the node's tiles there are those of one block row, computed once per window
     when costly (``Plan.shared_ids``), and such a chain is fused (also a product
     over several entries, or a node a member of several tiles reads at entry k
-    of each of its tiles) unless a consumer reads a tile of it at two entries.
+    of each of its tiles) unless a consumer reads a tile of it at two entries,
+    or its entries outgrow a window (all of them are held in the window's entry).
     """
     if isinstance(prepared[id(node)].op, CustomOp):
         return False
@@ -306,10 +310,10 @@ def _should_fuse(node, edges, prepared, fused_ids, tile, live, feeds_one_pass=Fa
         if (isinstance(prepared[id(consumer)].op, CustomOp)
                 or _reads_a_tile_twice(consumer, prepared, p, tile, same_entry_ok=feeds_one_pass)):
             return False
+    if _entries_outgrow_a_window(node, prepared[id(node)], tile):
+        return False        # for a shared pass too: its window would hold every entry (a row block of X)
     if feeds_one_pass:
         return True
-    if _entries_outgrow_a_window(node, prepared[id(node)], tile):
-        return False
     if len(edges) == 1:
         return True
     leaves, ops = leaves_and_ops(node, fused_ids, live)
@@ -346,16 +350,5 @@ def _reads_a_tile_twice(consumer, prepared, position, tile, same_entry_ok=False)
     return False
 
 
-def _prepare(node: OpNode, tile: int, cache) -> Prepared:
-    key = (node.spec, tuple(tiled(i.resolved(), tile) for i in node.inputs))
-    if key not in cache:
-        cache[key] = Prepared(node.spec.build(list(key[1])), node.spec.name)
-        while len(cache) > _CACHE_SIZE:
-            cache.pop(next(iter(cache)))
-    return cache[key]
-
-
-_CACHE_SIZE = 256
-
-
-_prepared_cache: dict = {}
+def _prepare(node: OpNode, tile: int) -> Prepared:
+    return Prepared(node.spec.build([tiled(i.resolved(), tile) for i in node.inputs]), node.spec.name)

@@ -54,5 +54,38 @@ def leaves_and_ops(node: OpNode, fused_ids, live):
     return leaves, ops
 
 
+class TileReach:
+    """What pulling one given tile of a node evaluates: :func:`leaves_and_ops` following the index maps.
+
+    A tile may reach less than the whole fused tree: a padded piece of a
+    ``concatenate`` has no entries (a zero tile, nothing read) at the tiles of
+    the other pieces, so each output tile reads one piece where the tree has
+    them all. ``entries(node, block)`` is the node's index map at ``block``.
+    """
+
+    def __init__(self, fused_ids, live, entries):
+        self.fused_ids, self.live, self.entries = fused_ids, live, entries
+
+    def __call__(self, node: OpNode, block) -> tuple[list, list]:
+        """Distinct leaf inputs and op nodes evaluated while pulling tile ``block`` of ``node``."""
+        leaves, ops, seen = {}, {id(node): node}, set()
+        stack = [(node, tuple(block))]
+        while stack:
+            current, at = stack.pop()
+            if (id(current), at) in seen:
+                continue
+            seen.add((id(current), at))
+            positions = self.live(current)
+            for entry in self.entries(current, at):
+                for p in positions:
+                    inp = current.inputs[p].resolved()
+                    if isinstance(inp, OpNode) and id(inp) in self.fused_ids:
+                        ops[id(inp)] = inp
+                        stack.append((inp, tuple(entry[p])))
+                    elif not isinstance(inp, ScalarNode):
+                        leaves[id(inp)] = inp
+        return list(leaves.values()), list(ops.values())
+
+
 def nbytes(node: Node) -> int:
     return int(np.prod(node.shape, dtype=np.int64)) * node.dtype.itemsize

@@ -1,0 +1,132 @@
+"""Tiles smaller than their compressed chunk: each chunk is decoded once per pass, not once per tile
+(jask/io/decoded_chunks.py), and the plan charges the chunks kept decoded."""
+import threading
+
+import numpy as np
+import pytest
+import zarr
+import zarr.codecs.zstd
+
+import jask
+import jask.numpy
+from jask.exec import driver
+from jask.io import decoded_chunks
+from jask.io.prefetch import Prefetcher
+from jask.io.reader import CorruptChunkError, reader_for
+from jask.plan.memory import DECODED_CHUNK_SLOTS
+
+
+@pytest.fixture
+def decodes(monkeypatch):
+    """Chunks zstd has decoded in this test (zarr decodes a whole chunk for any part of it)."""
+    count = [0]
+    decode = zarr.codecs.zstd.ZstdCodec._decode_sync
+
+    def counted(self, *args, **kwargs):
+        with lock:
+            count[0] += 1
+        return decode(self, *args, **kwargs)
+    lock = threading.Lock()
+    monkeypatch.setattr(zarr.codecs.zstd.ZstdCodec, "_decode_sync", counted)
+    return count
+
+
+def _store(path, a, chunks, **kw):
+    z = zarr.create_array(str(path), shape=a.shape, chunks=chunks, dtype=a.dtype, **kw)
+    z[...] = a
+    return jask.from_zarr(str(path))
+
+
+def _tall(seed=0, rows=4096, cols=16):
+    return np.random.default_rng(seed).standard_normal((rows, cols), dtype=np.float32)
+
+
+@pytest.mark.parametrize("sharded", [False, True], ids=["chunks", "shards"])
+def test_small_tiles_decode_each_compressed_chunk_once(tmp_path, decodes, sharded):
+    """4 chunks of 1024 rows read as 32 tiles of 128 rows: 4 decodes (it was 32, one per tile)."""
+    a = _tall()
+    x = _store(tmp_path / "a.zarr", a, (1024, 16), **(dict(shards=(2048, 16)) if sharded else {}))
+    jask.config.update("tile", 128)
+    with jask.profile() as p:
+        (x + 1.0).to_zarr(str(tmp_path / "b.zarr"))
+    assert decodes[0] == 4
+    assert p.bytes_read == a.nbytes
+    np.testing.assert_array_equal(np.asarray(jask.from_zarr(str(tmp_path / "b.zarr"))), a + 1.0)
+    assert decoded_chunks.live()["bytes"] == 0, "every kept chunk goes when the pass ends"
+
+
+def test_tiles_straddling_chunks_and_ragged_edges(tmp_path, decodes):
+    """Chunks of 1000 rows under tiles of 256: a tile may span two chunks, the last chunk is short."""
+    a = _tall(1, rows=4100, cols=5)
+    x = _store(tmp_path / "a.zarr", a, (1000, 5))
+    jask.config.update("tile", 256)
+    np.testing.assert_allclose(np.asarray(jask.numpy.sum(x * 2.0, axis=0)), (a * 2.0).sum(axis=0), rtol=1e-5)
+    assert decodes[0] == 5
+
+
+def test_two_dimensional_chunks_hold_at_most_the_kept_chunks(tmp_path, decodes):
+    """Tiles of a quarter of a 2-D chunk (in row-major tile order a chunk row is needed again after a
+    tile row): values exact, at most two chunks kept at once, about 2 decodes per chunk (was 4: one per tile)."""
+    a = _tall(2, rows=256, cols=256)
+    x = _store(tmp_path / "a.zarr", a, (64, 64))
+    jask.config.update("tile", 32)
+    decoded_chunks.reset_peak()
+    np.testing.assert_array_equal(np.asarray(jask.materialize(x * 1.0)), a)
+    assert decodes[0] <= 40
+    assert decoded_chunks.live()["peak_bytes"] <= decoded_chunks.CACHED_CHUNKS * 64 * 64 * 4
+    assert decoded_chunks.live()["bytes"] == 0
+
+
+def test_reads_outside_a_pass_keep_nothing(tmp_path, decodes):
+    a = _tall(3)
+    x = _store(tmp_path / "a.zarr", a, (1024, 16))
+    reader = reader_for(x._node.resolved().store)
+    for r in range(0, 1024, 128):
+        np.testing.assert_array_equal(reader.read((slice(r, r + 128), slice(0, 16))), a[r:r + 128])
+    assert decodes[0] == 8 and decoded_chunks.live()["chunks"] == 0
+
+
+def test_prefetched_tiles_of_one_chunk_share_its_decode(tmp_path, decodes):
+    """Several reader threads asking for tiles of the same chunk at once: one decodes, the others wait."""
+    a = _tall(4, rows=2048)
+    x = _store(tmp_path / "a.zarr", a, (2048, 16))
+    store = x._node.resolved().store
+    regions = [(slice(r, r + 64), slice(0, 16)) for r in range(0, 2048, 64)]
+    with Prefetcher([(i, (store, reg)) for i, reg in enumerate(regions)], depth=8, threads=4) as stream:
+        for (i, tile), reg in zip(stream, regions):
+            np.testing.assert_array_equal(tile, a[reg])
+    assert decodes[0] == 1
+
+
+def test_a_corrupt_chunk_read_by_small_tiles_names_the_chunk(tmp_path):
+    a = _tall(5)
+    x = _store(tmp_path / "a.zarr", a, (1024, 16))
+    with open(tmp_path / "a.zarr" / "c" / "2" / "0", "r+b") as f:
+        f.seek(20)
+        f.write(b"\xff" * 64)
+    jask.config.update("tile", 128)
+    with pytest.raises(CorruptChunkError, match="chunk file c/2/0"):
+        jask.materialize(x + 1.0)
+    assert decoded_chunks.live()["bytes"] == 0
+
+
+def test_batches_smaller_than_a_chunk_decode_it_once(tmp_path, decodes):
+    a = _tall(6)
+    x = _store(tmp_path / "a.zarr", a, (1024, 16))
+    got = np.concatenate(list(jask.batches(x, batch_size=64)))
+    np.testing.assert_array_equal(got, a)
+    assert decodes[0] == 4
+
+
+def test_the_plan_charges_the_chunks_kept_decoded(tmp_path):
+    """A tile covering part of a compressed chunk holds the whole chunk decoded; an uncompressed one
+    reads its rows in place, and a tile of whole chunks holds nothing more."""
+    a = _tall(7)
+    zipped = _store(tmp_path / "z.zarr", a, (1024, 16))
+    plain = _store(tmp_path / "p.zarr", a, (1024, 16), compressors=None)
+    jask.config.update("tile", 128)
+    extra = DECODED_CHUNK_SLOTS * 1024 * 16 * 4
+    projected = lambda x: driver.make_plan([(x + 1.0)._node]).projected_bytes  # noqa: E731
+    assert projected(zipped) == projected(plain) + extra
+    jask.config.update("tile", 2048)
+    assert projected(zipped) == projected(plain)

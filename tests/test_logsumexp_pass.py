@@ -1,0 +1,116 @@
+"""logsumexp in one pass, softmax in two; reduction windows that never straddle two output tiles; explain's
+projected peak is the largest window's (what a pass holds), not one tile's."""
+import re
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import jask
+import jask.nn
+from jask.exec import driver
+from jask.exec.schedule import windows
+
+
+def _arr(shape, seed=0, scale=4.0):
+    return (np.random.default_rng(seed).standard_normal(shape) * scale).astype(np.float32)
+
+
+@pytest.mark.parametrize("axis, keepdims", [(0, False), (1, True), (None, False), ((0, 1), True)])
+def test_logsumexp_reads_its_input_once(small_tiles, axis, keepdims):
+    """Each block's logsumexp folded by logaddexp: one pass (a max pass and a sum pass read it twice)."""
+    x = _arr((18, 13))
+    a = jask.from_numpy(x)
+    jask.set_memory_budget(4096)                    # windows of a few tiles: the whole input fits no window
+    with jask.profile() as p:
+        got = np.asarray(jask.nn.logsumexp(a, axis=axis, keepdims=keepdims))
+    assert p.bytes_read == x.nbytes
+    np.testing.assert_allclose(got, jax.nn.logsumexp(x, axis=axis, keepdims=keepdims), rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("axis", [0, 1])
+def test_softmax_reads_its_input_twice(small_tiles, axis):
+    """The logsumexp pass, then exp(x - it) written: two passes over x (it was three), plus the small result."""
+    x = _arr((128, 8), 1)
+    a = jask.from_numpy(x)
+    jask.set_memory_budget(2048)
+    with jask.profile() as p:
+        got = jask.persist(jask.nn.softmax(a, axis=axis))
+    assert 2 * x.nbytes <= p.bytes_read <= 2 * x.nbytes + x.nbytes // 2
+    np.testing.assert_allclose(np.asarray(got), jax.nn.softmax(x, axis=axis), rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(np.asarray(jask.nn.log_softmax(a, axis=axis)), jax.nn.log_softmax(x, axis=axis),
+                               rtol=1e-5, atol=1e-5)
+
+
+def test_logsumexp_at_infinities_and_in_other_dtypes(small_tiles):
+    """All -inf slices give -inf, +inf gives inf, NaN propagates (as jax.nn.logsumexp); float16 and bfloat16
+    keep their dtype (computed in float32), integers give float32."""
+    x = _arr((9, 10), 2)
+    x[0, :] = -np.inf
+    x[1, 3] = np.inf
+    x[2, 7] = np.nan
+    x[5:, 0] = -np.inf
+    for axis in (0, 1):
+        np.testing.assert_allclose(np.asarray(jask.nn.logsumexp(jask.from_numpy(x), axis=axis)),
+                                   jax.nn.logsumexp(x, axis=axis), rtol=1e-5, atol=1e-5)
+    for dtype, tol in ((np.float16, 2e-3), (jnp.bfloat16, 2e-2), (np.int32, 1e-5)):
+        z = _arr((9, 10), 3).astype(dtype)
+        got = jask.nn.logsumexp(jask.from_numpy(z), axis=0)
+        want = jax.nn.logsumexp(jnp.asarray(z), axis=0)
+        assert got.dtype == want.dtype
+        np.testing.assert_allclose(np.asarray(got, np.float32), np.asarray(want, np.float32), rtol=tol, atol=tol)
+
+
+@pytest.mark.parametrize("axis", [0, 1, None])
+def test_gradients_match_jax(small_tiles, axis):
+    x, w = _arr((10, 9), 4), _arr((10, 9), 5, 1.0)
+    a, wa = jask.from_numpy(x), jask.from_numpy(w)
+    lse_w = w.sum(axis=axis) if axis is not None else 1.0
+    got = jax.grad(lambda v: jask.sum(jask.nn.logsumexp(v, axis=axis) * jask.from_numpy(np.asarray(lse_w))))(a) \
+        if axis is not None else jax.grad(lambda v: jask.nn.logsumexp(v))(a)
+    want = jax.grad(lambda v: jnp.sum(jax.nn.logsumexp(v, axis=axis) * lse_w))(x)
+    np.testing.assert_allclose(np.asarray(got), want, rtol=1e-4, atol=1e-6)
+    if axis is not None:
+        got = jax.jit(jax.grad(lambda v: jask.sum(jask.nn.softmax(v, axis=axis) * wa)))(a)
+        want = jax.grad(lambda v: jnp.sum(jax.nn.softmax(v, axis=axis) * w))(x)
+        np.testing.assert_allclose(np.asarray(got), want, rtol=1e-4, atol=1e-6)
+
+
+def _windows_of(node, limit):
+    p = driver.make_plan([node])
+    (group,) = p.groups
+    indices = list(np.ndindex(*[len(range(0, d, p.tile)) for d in group[0].shape]))
+    return list(windows(p, group, indices, limit, batch_bytes=1 << 30))
+
+
+def test_reduction_windows_never_straddle_two_output_tiles(small_tiles):
+    """A window holds one tile's run of entries or whole tiles: straddling windows have distinct index
+    tables, each compiling a program of its own (a softmax at budget 32MB compiled 41 programs, now 8, and
+    held ~100 MiB more RSS in a fresh process)."""
+    a = jask.from_numpy(_arr((32, 12), 6))          # tile 4: 8 entries for each of the 3 output tiles
+    node = a.sum(axis=0)._node
+    tables = set()
+    for limit in range(1500, 6000, 250):            # from ~2 entries per window to two whole tiles
+        for w in _windows_of(node, limit):
+            per_tile = [(t, int(c.valid[i].sum())) for c in w.calls for i, t in enumerate(c.tiles)]
+            assert len(per_tile) == 1 or all(n == 8 for _, n in per_tile), (limit, per_tile)
+            if limit == 2250:
+                tables |= {(c.table.tobytes(), c.valid.tobytes()) for c in w.calls}
+    assert len(tables) == 2                         # 3 + 3 + 2 entries: two programs
+
+
+def test_explain_projects_the_largest_window(small_tiles):
+    """Windows grow to their limit: the pass holds the largest window's projected bytes, more than the plan's
+    projection of one tile, and explain reports that."""
+    x = _arr((256, 8), 7)
+    a = jask.from_numpy(x)
+    jask.set_memory_budget(16 << 10)
+    s = a.sum(axis=0)
+    p = driver.make_plan([s._node])
+    largest = max(w.projected for w in _windows_of(s._node, driver.window_limit(p)))
+    assert largest > 2 * p.projected_bytes
+    text = jask.explain(s)
+    assert re.search(rf"projected peak {largest / 1024:.1f} KiB", text), text
+    assert re.search(rf"\d+ windows of at most {largest / 1024:.1f} KiB", text), text
+    np.testing.assert_allclose(np.asarray(s), x.sum(axis=0), rtol=1e-5)

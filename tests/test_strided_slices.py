@@ -1,0 +1,86 @@
+"""Strided slices (``jask/ops/indexing.py`` ``Strided``): each input tile an output tile takes rows from is one
+entry, so a window holds one input tile per entry, and an aligned slice reads each input tile once."""
+import collections
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import jask
+import jask.numpy as knp
+
+KEYS = [np.s_[::2, ::3], np.s_[1::2, 5:12:3], np.s_[::-1, -2::-2], np.s_[3:10:5, ::-7], np.s_[::9], np.s_[8::-6, 2],
+        np.s_[4:8, 5:9]]
+
+
+@pytest.fixture
+def reads(monkeypatch):
+    """Every region read from a store, as ``{(dtype name, (start, stop) per axis): times}``; maps are off, so
+    every read goes through ``TileReader.read``."""
+    from jask.io import reader
+    jask.config.update("read_mmap", False)
+    seen = collections.Counter()
+    original = reader.TileReader.read
+
+    def read(self, region, out=None):
+        seen[(np.dtype(self.dtype).name, tuple((s.start, s.stop) for s in region))] += 1
+        return original(self, region, out)
+
+    monkeypatch.setattr(reader.TileReader, "read", read)
+    return seen
+
+
+def _bytes(reads, dtype):
+    return sum(n * np.dtype(dtype).itemsize * int(np.prod([b - a for a, b in region]))
+               for (name, region), n in reads.items() if name == dtype)
+
+
+def test_strided_slices_match_numpy_and_their_gradients_match_jnp(small_tiles):
+    """Rows, columns, both, negative steps, starts and stops at tile 4, where output tiles straddle input tiles
+    (``tests/test_ops.py``'s ``getitem_steps`` runs under ``jit`` and ``jit(grad)`` too)."""
+    A = np.random.default_rng(0).standard_normal((11, 13)).astype(np.float32)
+    a = jask.from_numpy(A)
+    for key in KEYS:
+        np.testing.assert_array_equal(np.asarray(a[key]), A[key], err_msg=str(key))
+    np.testing.assert_array_equal(np.asarray(jax.jit(lambda v: v[KEYS[2]])(a)), A[KEYS[2]])
+    W = np.random.default_rng(1).standard_normal(A[KEYS[1]].shape).astype(np.float32)
+    want = jax.grad(lambda x: jnp.sum(x[KEYS[1]] * W))(jnp.asarray(A))
+    np.testing.assert_array_equal(np.asarray(jax.grad(lambda x: knp.sum(x[KEYS[1]] * W))(a)), want)
+
+
+@pytest.mark.parametrize("key, tiles", [(np.s_[::2, ::3], 84), (np.s_[1::2, ::-3], 84), (np.s_[::7, 16:80], 56)],
+                         ids=["rows_cols", "negative", "rows_of_columns"])
+def test_an_aligned_strided_slice_reads_each_input_tile_once(key, tiles, reads, tmp_path):
+    """The first row of each output tile sits within ``|step|`` rows of an input tile's start, so every input
+    tile feeds one output tile: read once, though a tile's entries are spread over several windows (the
+    whole input, 84 tiles, where every tile holds selected elements)."""
+    import zarr
+    A = np.random.default_rng(2).standard_normal((224, 96)).astype(np.float32)
+    z = zarr.create_array(str(tmp_path / "a.zarr"), shape=A.shape, chunks=(16, 16), dtype="float32", compressors=None)
+    z[...] = A
+    jask.config.update("tile", 16)
+    jask.set_memory_budget(40_000)                   # a few entries per window
+    a = jask.from_zarr(str(tmp_path / "a.zarr"))
+    with jask.profile() as p:
+        got = np.asarray(a[key])
+    np.testing.assert_array_equal(got, A[key])
+    assert p.windows > np.prod([-(-n // 16) for n in A[key].shape]), "entries must span windows for this test"
+    rows, cols = (np.unique(np.arange(n)[k] // 16) * 16 for n, k in zip(A.shape, key))
+    holding = {((r, r + 16), (c, c + 16)) for r in rows for c in cols}     # tiles holding selected elements
+    assert {region: n for (dtype, region), n in reads.items() if dtype == "float32"} == dict.fromkeys(holding, 1)
+    assert len(holding) == tiles and _bytes(reads, "float32") == tiles * 16 * 16 * 4 <= A.nbytes
+    assert p.bytes_read == _bytes(reads, "float32") + _bytes(reads, "int32")   # and the int32 row numbers beside
+
+
+def test_a_step_past_the_tile_edge_reads_only_tiles_holding_rows(small_tiles, reads):
+    """``x[::20]`` at tile 4 takes one row from every fifth tile: those are read, once (it was refused)."""
+    L = np.arange(100, dtype=np.float32)
+    x = jask.from_numpy(L)
+    reads.clear()
+    np.testing.assert_array_equal(np.asarray(x[::20]), L[::20])
+    np.testing.assert_array_equal(np.asarray(x[97::-40]), L[97::-40])
+    assert {region: n for (dtype, region), n in reads.items() if dtype == "float32"} == {
+        ((r, r + 4),): 1 for r in (0, 20, 40, 60, 80, 96, 56, 16)}
+    got = jax.jit(jax.grad(lambda v: knp.sum(v[::20] * 2.0)))(x)
+    np.testing.assert_array_equal(np.asarray(got), np.where(np.arange(100) % 20 == 0, 2.0, 0.0))
