@@ -9,6 +9,7 @@ import numpy as np
 
 from jask.graph.nodes import Node
 from jask.graph.tiling import grid
+from jask.io.layout import ChunkLayout
 from jask.plan.walk import leaves_and_ops
 
 SLOTS_PER_LEAF = 4   # per stored input tile: raw chunk bytes, the assembled tile, its device copy, one read ahead
@@ -45,14 +46,15 @@ def decoded_chunk_bytes(node: Node, tile: int) -> int:
     when a read decodes whole chunks and a tile of this edge covers only part of one (0 otherwise).
 
     A tile of 2048 rows of a chunk of 16384 holds the whole 4 MiB chunk decoded, not its 512 KiB.
-    Read from the store's Zarr metadata, not its bytes.
+    Whole chunks are decoded where the reader takes zarr's route (:class:`jask.io.layout.ChunkLayout`'s
+    ``"zarr"`` mode, the one :mod:`jask.io.decoded_chunks` serves) and for object stores; read from the
+    store's Zarr metadata, not its bytes.
     """
     store = getattr(node, "store", None)
     array = getattr(store, "array", None)
     if array is None or not node.shape:
         return 0
-    whole = (getattr(array.metadata, "zarr_format", 3) == 2 or "://" in str(getattr(store, "path", ""))
-             or bool(getattr(array, "compressors", ()) or getattr(array, "filters", ())))
+    whole = "://" in str(getattr(store, "path", "")) or ChunkLayout(array).mode == "zarr"
     chunks = tuple(getattr(array, "chunks", node.shape))
     part = any(min(tile, d) < d and min(tile, d) % min(c, d) for c, d in zip(chunks, node.shape))
     return DECODED_CHUNK_SLOTS * int(np.prod(chunks, dtype=np.int64)) * array.dtype.itemsize if whole and part else 0
