@@ -130,3 +130,34 @@ def test_the_plan_charges_the_chunks_kept_decoded(tmp_path):
     assert projected(zipped) == projected(plain) + extra
     jask.config.update("tile", 2048)
     assert projected(zipped) == projected(plain)
+
+
+def test_object_store_tiles_fetch_and_decode_each_chunk_once(decodes):
+    """An object store's reader (zarr fetches and decodes a whole chunk for any part of it) goes through the
+    kept chunks too: 4 chunks of 1024 rows read as 32 tiles of 128 rows are 4 GETs and 4 decodes, not 32."""
+    import fsspec
+    fs = fsspec.filesystem("memory")
+    url = "memory://jask-test-decoded/a.zarr"
+    a = _tall(6)
+    try:
+        jask.to_zarr(jask.from_numpy(a), url, chunks=(1024, 16), compressors=zarr.codecs.ZstdCodec())
+        x = jask.from_zarr(url)
+        assert reader_for(x._node.store).mode == "remote"
+        gets, get = [], zarr.storage.FsspecStore.get
+
+        async def counted_get(self, key, *args, **kw):
+            gets.append(key)
+            return await get(self, key, *args, **kw)
+        jask.config.update("tile", 128)
+        decodes[0] = 0
+        with pytest.MonkeyPatch.context() as mp:
+            mp.setattr(zarr.storage.FsspecStore, "get", counted_get)
+            with jask.profile() as p:
+                y = jask.persist(x + 1.0)
+        assert decodes[0] == 4
+        assert sorted(k for k in gets if k.startswith("c/")) == [f"c/{i}/0" for i in range(4)], gets
+        assert p.bytes_read == a.nbytes
+        np.testing.assert_array_equal(np.asarray(y), a + 1.0)
+        assert decoded_chunks.live()["bytes"] == 0
+    finally:
+        fs.rm("/jask-test-decoded", recursive=True)
