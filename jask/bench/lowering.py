@@ -214,7 +214,7 @@ def cases(edges, dtypes):
     from jask.linalg.sum import Sum
     from jask.linalg.transpose import Transpose
     from jask.ops.elementwise import Elementwise
-    from jask.ops.reductions import Max, Prod
+    from jask.ops.reductions import LogSumExp, Max, Prod
     out = []
     for dtype in dtypes:
         for e in edges:
@@ -246,6 +246,7 @@ def cases(edges, dtypes):
                 _op_case("np_sum_axis", Sum, [sq], e, dtype, axis=1),
                 _op_case("np_max_axis", Max, [sq], e, dtype, axis=0),
                 _op_case("np_prod_axis", Prod, [sq], e, dtype, axis=1),
+                _op_case("nn_logsumexp_axis", LogSumExp, [sq], e, dtype, axis=0),
                 *_shape_cases(e, dtype),
                 *_gather_and_fill_cases(e, dtype),
                 _window_case("window_sum_many", Sum(axes=(0, 1)), [(e, e)], [dtype], (), 64, e, dtype, n_tiles=1),

@@ -29,7 +29,7 @@ import numpy as np
 from jask.graph.op import BlockParallelOp
 from jask.hijax.array import is_disk_array, type_of
 from jask.hijax.make_op import make_op
-from jask.ops import elementwise as ew
+from jask.ops import accurate_log, elementwise as ew
 from jask.ops.operands import iota
 
 
@@ -160,10 +160,10 @@ class LogSumExp(Reduce):
     """Each block's stable logsumexp folded by ``logaddexp``: one pass (a max pass, then a sum of ``exp(x - max)``,
     read the input twice). Reference ``(the result with keepdims,)``: the gradient is ``exp(x - result)``."""
 
-    reduce = staticmethod(jax.nn.logsumexp)
+    reduce = staticmethod(accurate_log.block_logsumexp)     # its log refined: a TPU's is not IEEE
 
     def combine(self, acc, partial):
-        return jnp.logaddexp(acc, partial)
+        return accurate_log.logaddexp(acc, partial)
 
     def backward_block(self, d_out_block, x, *refs):
         if len(refs) != 1:
