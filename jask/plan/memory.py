@@ -13,7 +13,11 @@ from jask.io.layout import ChunkLayout
 from jask.plan.walk import leaves_and_ops
 
 SLOTS_PER_LEAF = 4   # per stored input tile: raw chunk bytes, the assembled tile, its device copy, one read ahead
-SLOTS_PER_OP = 2     # per op on the pull path: a partial and an accumulator
+# per op computed as a tile of its own (a stage; a fused producer that folds several entries or that a
+# window computes once for several consumers): a partial and an accumulator. A producer inlined in its
+# consumer's program holds none: the program computes it in place (XLA fuses the chain), and the window
+# schedule never charged it (charging it took a softmax gradient's tile below its chunks: 140 MiB at 64MB)
+SLOTS_PER_OP = 2
 SLOTS_FIXED = 2      # per output tile: the finished tile and its write buffer
 # per stored input whose tiles cover parts of chunks that decode only whole (compressed, Zarr v2, object
 # stores): the chunks kept decoded while their tiles are read (jask.io.decoded_chunks.CACHED_CHUNKS)
@@ -60,7 +64,7 @@ def decoded_chunk_bytes(node: Node, tile: int) -> int:
     return DECODED_CHUNK_SLOTS * int(np.prod(chunks, dtype=np.int64)) * array.dtype.itemsize if whole and part else 0
 
 
-def group_bytes(group, fused_ids, tile: int, live, reach=None) -> int:
+def group_bytes(group, fused_ids, tile: int, live, reach=None, inlined=frozenset()) -> int:
     """Projected bytes of one lockstep group: its members' terms, each distinct leaf charged once.
 
     Members read a shared leaf's tile once per index (the executor's memo), and
@@ -69,9 +73,10 @@ def group_bytes(group, fused_ids, tile: int, live, reach=None) -> int:
     the output tile that reaches the most, not of every node below: a tile of a
     ``concatenate`` reads one piece, not all of them (up to ``MAX_REACH_TILES``
     output tiles; past that, and for a one-pass group, whose members differ in
-    shape, every node below is charged).
+    shape, every node below is charged). ``inlined``: ids of fused producers computed inside their
+    consumer's program (:func:`jask.plan.fusion.entry_program`'s steps), charged no op slots.
     """
-    bound = _charge(group, [leaves_and_ops(n, fused_ids, live) for n in group], tile)
+    bound = _charge(group, [leaves_and_ops(n, fused_ids, live) for n in group], tile, inlined)
     tiles = grid(group[0].shape, tile)
     if reach is None or len({n.shape for n in group}) > 1 or np.prod(tiles, dtype=np.int64) > MAX_REACH_TILES:
         return bound
@@ -81,7 +86,7 @@ def group_bytes(group, fused_ids, tile: int, live, reach=None) -> int:
             pulled = [reach(n, idx) for n in group]
             key = tuple((frozenset(map(id, leaves)), frozenset(map(id, ops))) for leaves, ops in pulled)
             if key not in charged:
-                charged[key] = _charge(group, pulled, tile)
+                charged[key] = _charge(group, pulled, tile, inlined)
                 if charged[key] >= bound:
                     return bound        # a tile reaches everything (most ops): no need to look further
     except Exception:   # noqa: BLE001 -- a user op's index_map: its error is raised naming the tile, at run time
@@ -89,28 +94,29 @@ def group_bytes(group, fused_ids, tile: int, live, reach=None) -> int:
     return max(charged.values(), default=bound)
 
 
-def _charge(group, pulled, tile: int) -> int:
-    """The slot terms of ``group`` given each member's ``(leaves, ops)`` pulled for one output tile."""
+def _charge(group, pulled, tile: int, inlined=frozenset()) -> int:
+    """The slot terms of ``group`` given each member's ``(leaves, ops)`` pulled for one output tile
+    (the ops in ``inlined`` run inside their consumer's program: no slots, as in the window schedule)."""
     members = {id(n) for n in group}
     leaves, op_bytes = {}, 0
     for node_leaves, ops in pulled:
         leaves.update((id(n), n) for n in node_leaves if id(n) not in members)
-        op_bytes += sum(tile_bytes(n, tile) for n in ops)
+        op_bytes += sum(tile_bytes(n, tile) for n in ops if id(n) not in inlined)
     return (sum(SLOTS_PER_LEAF * tile_bytes(n, tile) + decoded_chunk_bytes(n, tile) for n in leaves.values())
             + SLOTS_PER_OP * op_bytes
             + SLOTS_FIXED * sum(tile_bytes(n, tile) for n in group))
 
 
-def projected_bytes(groups, fused_ids, tile: int, live, reach=None) -> int:
+def projected_bytes(groups, fused_ids, tile: int, live, reach=None, inlined=frozenset()) -> int:
     """Projected peak bytes of executing ``groups`` of stages with tile edge ``tile``.
 
     Per stage, each term charged at the tile size of the array it belongs to:
     ``SLOTS_PER_LEAF`` tiles for each distinct leaf input read while pulling one
     output tile (raw chunk bytes, the assembled region, the device copy, one
-    read ahead), ``SLOTS_PER_OP`` for each op on the pull path (partial and
-    accumulator), and ``SLOTS_FIXED`` output tiles (the finished tile and its
+    read ahead), ``SLOTS_PER_OP`` for each op on the pull path that is a tile of its own
+    (partial and accumulator; not the ``inlined`` ones), and ``SLOTS_FIXED`` output tiles (the finished tile and its
     write). Stages of one group run in lockstep, so their needs add up, except
     that a leaf they share is held once; groups run one after another, so the
     plan's peak is the largest group (``reach``: charge what one tile reaches, see :func:`group_bytes`).
     """
-    return max((group_bytes(group, fused_ids, tile, live, reach) for group in groups), default=0)
+    return max((group_bytes(group, fused_ids, tile, live, reach, inlined) for group in groups), default=0)

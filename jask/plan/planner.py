@@ -164,23 +164,30 @@ def _plan_at(roots, order, tile, one_pass=True):
             fused_ids.add(id(n))
     fused = [n for n in live_order if id(n) in fused_ids]
     stages = [n for n in live_order if id(n) not in fused_ids]
+    # fused for a shared pass with several consumers: computed once per window, not inlined in each
+    shared = frozenset(id(n) for n in fused if id(n) in below_co and _read_twice(edges[id(n)], prepared, tile)
+                       and _reads_much_more_than_it_makes(n, prepared[id(n)], tile))
+    inlined = _inlined(fused, shared, prepared, tile)
     reach = TileReach(fused_ids, live, lambda n, block: entries_of(prepared[id(n)], n, block))
     groups, refused = _lockstep_groups(stages, prepared, fused_ids, tile, live, config.memory_budget,
-                                       in_step=config.fusion, one_pass=co, reach=reach)
+                                       in_step=config.fusion, one_pass=co, reach=reach, inlined=inlined)
     if co and not any(co <= {id(m) for m in g} for g in groups):
         p, need, names, also_refused = _plan_at(roots, order, tile, one_pass=False)
         return p, need, names, refused or also_refused
-    need = max(projected_bytes(groups, fused_ids, tile, live, reach),
+    need = max(projected_bytes(groups, fused_ids, tile, live, reach, inlined),
                max(((SLOTS_PER_LEAF + SLOTS_FIXED) * tile_bytes(r, tile) for r in copied), default=0))
     names = ", ".join(prepared[id(n)].name for n in stages)
     if need > config.memory_budget:
         return None, need, names, refused
-    # fused for a shared pass with several consumers: computed once per window, not inlined in each
-    shared = frozenset(id(n) for n in fused if id(n) in below_co and _read_twice(edges[id(n)], prepared, tile)
-                       and _reads_much_more_than_it_makes(n, prepared[id(n)], tile))
     p = Plan(tile, list(roots), stages, fused, prepared, need, config.memory_budget, live, groups, shared,
              frozenset(co))
     return p, need, names, refused
+
+
+def _inlined(fused, shared, prepared, tile) -> frozenset:
+    """Ids of the fused producers computed inside their consumer's program (one entry per tile, not shared:
+    :func:`jask.plan.fusion.entry_program`'s steps), which hold no tile of their own (no op slots)."""
+    return frozenset(id(n) for n in fused if id(n) not in shared and _one_entry_per_tile(n, prepared[id(n)], tile))
 
 
 def _read_twice(uses, prepared, tile) -> bool:
@@ -212,8 +219,8 @@ def _feeding_only(targets, live_order, edges, root_ids) -> set:
     return below
 
 
-def _lockstep_groups(stages, prepared, fused_ids, tile, live, budget,
-                     in_step: bool = True, one_pass=frozenset(), reach=None) -> tuple[list[list[OpNode]], bool]:
+def _lockstep_groups(stages, prepared, fused_ids, tile, live, budget, in_step: bool = True,
+                     one_pass=frozenset(), reach=None, inlined=frozenset()) -> tuple[list[list[OpNode]], bool]:
     """Split stages into groups computed tile by tile together, sharing reads.
 
     Consecutive stages join one group when they have the same shape and each
@@ -248,7 +255,7 @@ def _lockstep_groups(stages, prepared, fused_ids, tile, live, budget,
             joins = (simple and joinable and groups[-1][0].shape == node.shape
                      and _reads_members_in_step(node, groups[-1], prepared, fused_ids, tile, live, in_step))
         if joins:
-            if group_bytes(groups[-1] + [node], fused_ids, tile, live, reach) <= budget:
+            if group_bytes(groups[-1] + [node], fused_ids, tile, live, reach, inlined) <= budget:
                 groups[-1].append(node)
                 continue
             refused = True
