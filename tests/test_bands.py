@@ -46,8 +46,10 @@ def rectangles(monkeypatch):
 
 def test_a_product_in_bands_reads_each_panel_once_per_window(tmp_path, monkeypatch, rectangles):
     """512^2 in tiles of 64 (an 8 x 8 grid, 8 entries each), windows of a quarter of the output's panels:
-    in bands the windows are 4 x 4 rectangles, one product of panels each, and read half the bytes."""
+    in bands the windows are 4 x 4 rectangles, one product of panels each, and read half the bytes (with
+    every tile read by the window that uses it: no tile kept for a later window)."""
     jask.config.update("tile", 64)
+    monkeypatch.setattr(schedule, "keep_reads", lambda sched, limit: sched)
     monkeypatch.setitem(schedule.WINDOW_INPUT_BYTES, "cpu", 8 * PANEL)
     (A, B), (a, b) = _stores(tmp_path, 512)
     in_bands, p = _product(a, b)
@@ -60,6 +62,21 @@ def test_a_product_in_bands_reads_each_panel_once_per_window(tmp_path, monkeypat
     # each window reads 4 row panels and 4 column panels: 4 windows, 4 MiB (2x the inputs)
     assert (p.windows, p.kernel_calls, p.bytes_read) == (4, 4, 4 * 8 * PANEL)
     assert q.bytes_read > 1.5 * p.bytes_read, (q.bytes_read, p.bytes_read)
+
+
+def test_kept_reads_read_a_products_inputs_once_in_either_order(tmp_path, monkeypatch):
+    """The same product with read tiles kept for later windows (jask.exec.kept_reads): a band's second window
+    takes its row panels from the first, and row-major windows keep the column panels they share, so both
+    orders read each input once (2 MiB; 4 MiB and more without the keep)."""
+    jask.config.update("tile", 64)
+    monkeypatch.setitem(schedule.WINDOW_INPUT_BYTES, "cpu", 8 * PANEL)
+    (A, B), (a, b) = _stores(tmp_path, 512)
+    in_bands, p = _product(a, b)
+    monkeypatch.setattr(schedule, "band_rows", lambda *args: 1)
+    row_major, q = _product(a, b)
+    np.testing.assert_allclose(in_bands, A.astype(np.float64) @ B.astype(np.float64), rtol=1e-4, atol=1e-3)
+    np.testing.assert_allclose(row_major, in_bands, rtol=1e-5, atol=1e-4)
+    assert p.windows == 4 and p.bytes_read == q.bytes_read == 2 * 8 * PANEL, (p, q)
 
 
 def test_explain_predicts_the_reads_of_a_product_in_bands(tmp_path, monkeypatch):

@@ -84,3 +84,50 @@ def test_a_step_past_the_tile_edge_reads_only_tiles_holding_rows(small_tiles, re
         ((r, r + 4),): 1 for r in (0, 20, 40, 60, 80, 96, 56, 16)}
     got = jax.jit(jax.grad(lambda v: knp.sum(v[::20] * 2.0)))(x)
     np.testing.assert_array_equal(np.asarray(got), np.where(np.arange(100) % 20 == 0, 2.0, 0.0))
+
+
+def _strided_op(shape, starts, steps, tile):
+    from jask.ops.indexing import Strided, _axis_sources
+    out = [len(range(s, n, st)) for n, s, st in zip(shape, starts, steps)]
+    sources = [_axis_sources(n, s, st, m, tile, tile) for n, s, st, m in zip(shape, starts, steps, out)]
+    return Strided(shape, tuple(range(len(shape))), starts, steps, out, sources, (tile,) * len(shape)), out
+
+
+@pytest.mark.parametrize("starts, steps", [((1, 5), (2, 3)), ((5, 1), (3, 2)), ((5, 6), (3, 3)), ((0, 13), (1, 4))],
+                         ids=["columns", "rows", "both", "columns_only"])
+def test_an_unaligned_slice_lists_the_tiles_it_shares_with_the_next_output_tile_at_its_edges(starts, steps):
+    """``x[1::2, 5::3]``'s output tiles take 4 input tile columns, sharing the last with the next output tile along
+    that axis: those shared tiles are a tile's last entries and the next one's first, so a schedule that keeps a
+    read for the next window reads them once (the last axis whose tiles share any, where both do)."""
+    tile = 8
+    op, out = _strided_op((64, 96), starts, steps, tile)
+    shares = [k for k in range(2) if any(set(a) & set(b) for a, b in zip(op.sources[k], op.sources[k][1:]))]
+    k = shares[-1]
+    grid = [-(-m // tile) for m in out]
+    for idx in np.ndindex(*grid):
+        if idx[k] + 1 == grid[k]:
+            continue
+        after = tuple(i + (a == k) for a, i in enumerate(idx))
+        first, second = [[e[0] for e in op.index_map(i)] for i in (idx, after)]
+        shared = set(first) & set(second)
+        assert shared and set(first[-len(shared):]) == shared == set(second[:len(shared)]), (idx, first, second)
+
+
+@pytest.mark.parametrize("key", [np.s_[1::2, 5::3], np.s_[7::5, 16:32], np.s_[5::3, 7::3]],
+                         ids=["columns", "rows_of_one_tile_column", "both"])
+def test_an_unaligned_strided_slice_reads_each_input_tile_once(key, reads, tmp_path):
+    """Neighbouring output tiles share an input tile at their edge (``x[1::2, 5::3]``: 4 tile columns each,
+    3 of them their own), read by the last windows of one and the first of the next: kept, it is read once
+    (here the tile rows of ``both`` are two output tiles apart, within the keep's horizon)."""
+    import zarr
+    A = np.random.default_rng(3).standard_normal((224, 96)).astype(np.float32)
+    z = zarr.create_array(str(tmp_path / "a.zarr"), shape=A.shape, chunks=(16, 16), dtype="float32", compressors=None)
+    z[...] = A
+    jask.config.update("tile", 16)
+    jask.set_memory_budget(40_000)                   # a few entries per window
+    a = jask.from_zarr(str(tmp_path / "a.zarr"))
+    with jask.profile() as p:
+        got = np.asarray(a[key])
+    np.testing.assert_array_equal(got, A[key])
+    assert p.windows > np.prod([-(-n // 16) for n in A[key].shape]), "entries must span windows for this test"
+    assert {n for (dtype, _), n in reads.items() if dtype == "float32"} == {1}

@@ -205,15 +205,17 @@ class WindowRunner:
     in_flight: list = dataclasses.field(default_factory=list)   # the previous window's kernel outputs
     finishing: set = dataclasses.field(default_factory=set)     # value keys of the stage tiles this window finishes
     placeholders: dict = dataclasses.field(default_factory=dict)   # (shape, dtype) -> zeros on the device
+    kept: dict = dataclasses.field(default_factory=dict)   # value key -> a tile read earlier, for a later window
 
     def run(self, window, take_read):
         """Compute one window; returns ``[(node, idx, tile)]`` for its finished stage tiles.
 
         ``take_read(key)`` returns the next prefetched tile, which must be ``key``.
         """
-        values = {}
+        values = {key: self.kept.pop(key) for key in window.kept}
         for key, (tile_key, _) in zip(window.read_keys, window.reads):
             values[key] = take_read(tile_key)
+        self.kept.update((key, values[key]) for key in window.keep)
         for key, (kind, node, shape) in window.constants.items():
             values[key] = np.asarray(node.value) if kind == "scalar" else np.zeros(shape, node.dtype)
         self.finishing = {("tile", id(node), idx) for node, idx in window.done}

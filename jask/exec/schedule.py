@@ -7,11 +7,10 @@ before any byte moves, and its result drives both the reader and the kernels:
 * ``reads``: the stored tiles the window needs, each once, in the order the
   prefetcher reads them (the executor takes them in the same order);
 * ``calls``: kernel calls in dependency order. Entries of one node whose
-  fused programs have the same shape (the same ops, wiring and leaf block
-  shapes) share one call (:mod:`jask.kernels.window`), so
-  a window of equal tiles is ONE kernel call; ragged edge tiles, a tile met
-  twice on a diagonal, and fused multi-entry producers (a ``dot`` under an
-  epilogue, computed for the tiles its consumer needs) get calls of their own;
+  fused programs have the same shape (the same ops, wiring and leaf block shapes) share one call
+  (:mod:`jask.kernels.window`), so a window of equal tiles is ONE kernel call; ragged edge tiles, a tile
+  met twice on a diagonal, and fused multi-entry producers (a ``dot`` under an epilogue, computed for
+  the tiles its consumer needs) get calls of their own;
 * ``done``: the stage tiles whose last entry falls in this window.
 
 A window grows until its projected bytes (``SLOTS_PER_LEAF`` per distinct
@@ -34,10 +33,11 @@ from collections import defaultdict
 import numpy as np
 
 from jask.exec.bands import band_order, band_rows
+from jask.exec.kept_reads import keep_reads
 from jask.exec.shares import shared_tiles
 from jask.plan.fusion import entries_of, entry_program
 from jask.graph.nodes import OpNode, StoredNode, ZerosNode
-from jask.graph.tiling import grid
+from jask.graph.tiling import block_at, grid, region
 from jask.io.reader import TileKey
 from jask.kernels.window import WindowSpec
 from jask.plan.memory import SLOTS_FIXED, SLOTS_PER_LEAF, SLOTS_PER_OP
@@ -51,14 +51,6 @@ WINDOW_INPUT_BYTES = {"cpu": 16 << 20, "accelerator": 256 << 20}
 # At most this many entries per window: the xla program is unrolled over them (one compile per
 # window shape), so this bounds its size and compile time.
 MAX_WINDOW_ENTRIES = 256
-
-
-def block_at(shape, idx, tile) -> tuple[int, ...]:
-    return tuple(min((i + 1) * tile, d) - i * tile for i, d in zip(idx, shape))
-
-
-def region(idx, shape, tile) -> tuple[slice, ...]:
-    return tuple(slice(i * tile, min((i + 1) * tile, d)) for i, d in zip(idx, shape))
 
 
 def _bytes(shape, dtype) -> int:
@@ -92,6 +84,8 @@ class Window:
     done: list                 # (node, tile index) of stage tiles finished here, in order
     constants: dict            # value key -> (kind, node, block) for zeros, placeholders, scalars
     projected: int = 0         # its projected bytes (the slot terms): what the pass holds, not one tile's share
+    kept: list = dataclasses.field(default_factory=list)   # value keys an earlier window read for it, and of its
+    keep: list = dataclasses.field(default_factory=list)   # reads a later window takes (jask.exec.kept_reads)
 
 
 class _Draft:
@@ -269,11 +263,11 @@ def windows(plan, group, indices, limit_bytes: int, batch_bytes: int = WINDOW_IN
     """Yield the :class:`Window`\\ s that compute ``indices`` of a lockstep ``group`` (usually one node).
 
     Output tiles come in the order given (a contraction's in bands of block rows where windows can hold
-    rectangles of its tiles, :mod:`jask.exec.bands`; not in shares); a single node's tile with many entries
-    (a reduction) may be split across windows, its partials folded by the executor.
-    A window also stops growing once it reads ``batch_bytes`` of input: past
-    that, one call's dispatch is small next to its data, and more tiles per
-    call only hold more memory (see ``WINDOW_INPUT_BYTES``).
+    rectangles of its tiles, :mod:`jask.exec.bands`; a regrouping reshape's tiles that read the same input
+    tiles in runs, entry by entry, :func:`_reading_together`; neither in shares); a single node's tile with
+    many entries (a reduction) may be split across windows, its partials folded by the executor. A window
+    also stops growing once it reads ``batch_bytes`` of input: past that, one call's dispatch is small next
+    to its data, and more tiles per call only hold more memory (see ``WINDOW_INPUT_BYTES``).
 
     ``share=(d, n)`` schedules only the d-th of n contiguous, equal runs of the
     pass's *units* (an output tile, or one entry of a reduction tile split into
@@ -289,36 +283,44 @@ def windows(plan, group, indices, limit_bytes: int, batch_bytes: int = WINDOW_IN
     rows = 1 if share != (0, 1) or one_pass or len(group) != 1 or len(indices) < 4 else band_rows(
         plan, group[0], limit_bytes, batch_bytes, lambda idx, ents, seen: _tile_cost(
             draft, [(group[0], idx, ents)], 0, len(ents), seen))
-    for idx, per_node, (lo, hi) in shared_tiles(plan, group, band_order(indices, rows) if rows > 1 else indices,
-                                                share):
-        if one_pass or (len(group) == 1 and len(per_node[0][1]) > 1):
-            # a reduction tile split into entries; members of a one-pass group take entry k together
-            at = _pass_members(plan, group) if one_pass else [(n, idx, ents) for n, ents in per_node]
+    tiles = shared_tiles(plan, group, band_order(indices, rows) if rows > 1 else indices, share)
+    read_key = getattr(plan.prepared[id(group[0])].op, "input_tiles_read", None)
+    if share == (0, 1) and len(group) == 1 and read_key is not None:
+        units = _reading_together(plan, [(group[0], i, per_node[0][1]) for i, per_node, _ in tiles], read_key,
+                                  limit_bytes, batch_bytes)
+    else:    # a tile's nodes, or a one-pass group's members
+        units = (((_pass_members(plan, group) if one_pass else [(n, idx, ents) for n, ents in per_node]), span)
+                 for idx, per_node, span in tiles)
+    for at, (lo, hi) in units:          # (node, tile, entries) scheduled together; entries lo:hi of each
+        if one_pass or (len(group) == 1 and len(at[0][2]) > 1):
+            # a reduction tile split into entries (or tiles reading the same input tiles, entry k together);
+            # members of a one-pass group take entry k together
             if not one_pass and not _fits_whole(draft, at, lo, hi, limit_bytes, batch_bytes):
                 # a tile starts a window it fits in whole: rectangles stay whole in bands, and elsewhere windows
                 # never straddle two tiles, whose distinct tables would each compile a program (see DESIGN.md)
                 yield draft.seal()
                 draft = _Draft(plan, stage_ids)
             for k in range(lo, hi):
-                cost = _entry_cost(draft, at, k)
+                cost = _tile_cost(draft, at, k, k + 1)
                 if draft.full(cost, limit_bytes, batch_bytes, len(at)):
                     yield draft.seal()
                     draft = _Draft(plan, stage_ids)
-                    cost = _entry_cost(draft, at, k)
+                    cost = _tile_cost(draft, at, k, k + 1)
                 draft.take(cost)
                 for n, i, ents in at:
                     draft.add(n, i, [ents[k]])
             draft.done.extend((n, i) for n, i, _ in at)
             continue
-        costs = [draft.cost(n, idx, ents) for n, ents in per_node]
+        idx = at[0][1]
+        costs = [draft.cost(n, idx, ents) for n, _, ents in at]
         cost = (sum(c[0] for c in costs), sum(c[1] for c in costs))
-        if draft.full(cost, limit_bytes, batch_bytes, sum(len(ents) for _, ents in per_node)):
+        if draft.full(cost, limit_bytes, batch_bytes, sum(len(ents) for _, _, ents in at)):
             yield draft.seal()
             draft = _Draft(plan, stage_ids)
-            costs = [draft.cost(n, idx, ents) for n, ents in per_node]
+            costs = [draft.cost(n, idx, ents) for n, _, ents in at]
             cost = (sum(c[0] for c in costs), sum(c[1] for c in costs))
         draft.take(cost)
-        for n, ents in per_node:
+        for n, _, ents in at:
             if ents:
                 draft.add(n, idx, ents)
             else:
@@ -328,20 +330,39 @@ def windows(plan, group, indices, limit_bytes: int, batch_bytes: int = WINDOW_IN
         yield draft.seal()
 
 
+def _reading_together(plan, tiles, read_key, limit_bytes, batch_bytes):
+    """Output tiles whose entries read the same input tiles (``read_key``), in runs taken entry by entry.
+
+    A regrouping reshape's output tile takes a few rows of each input tile it reads: in tile order each
+    input tile was read once per output tile (``reshape`` of 8192^2 to (65536, 1024): 8 times). A window
+    takes entry k of every tile of a run, so each input tile is read once per run. Runs are as long as an
+    empty window holds with one entry of each, and of equal length (one compiled program).
+    """
+    together = {}
+    for n, idx, ents in tiles:
+        together.setdefault(read_key(idx) if len(ents) > 1 else ("alone", idx), []).append((n, idx, ents))
+    for at in together.values():
+        draft, seen = _Draft(plan, set()), set()       # how many tiles an empty window holds, one entry each
+        for n, i, ents in (at if len(at[0][2]) > 1 else ()):     # whole tiles go one by one, as before
+            cost = draft.cost(n, i, ents[:1], seen)
+            if draft.full(cost, limit_bytes, batch_bytes):
+                break
+            draft.take(cost)
+            draft.entries += 1
+        size = -(-len(at) // -(-len(at) // max(draft.entries, 1)))
+        for s in range(0, len(at), size):
+            yield at[s:s + size], (0, max(len(at[0][2]), 1))
+
+
 def _pass_members(plan, group):
     """``(node, tile, entries)`` of every output tile of a one-pass group's members (they differ in shape)."""
     return [(n, i, entries_of(plan.prepared[id(n)], n, i)) for n in group
             for i in np.ndindex(*grid(n.shape, plan.tile))]
 
 
-def _entry_cost(draft, at, k):
-    """The cost of entry ``k`` of every ``(node, tile, entries)`` in ``at``, shared reads counted once."""
-    return _tile_cost(draft, at, k, k + 1)
-
-
 def _tile_cost(draft, at, lo, hi, seen=None):
-    """The cost of entries ``lo:hi``, each as :func:`_entry_cost` charges it, shared reads counted once
-    (``seen``: the value keys already counted, added to)."""
+    """The cost of entries ``lo:hi`` of every ``(node, tile, entries)`` in ``at``, each entry charged on its own,
+    shared reads counted once (``seen``: the value keys already counted, added to)."""
     seen = set() if seen is None else seen
     costs = [draft.cost(n, i, [ents[k]], seen) for k in range(lo, hi) for n, i, ents in at]
     return sum(c[0] for c in costs), sum(c[1] for c in costs)
@@ -373,9 +394,7 @@ def spread(plan, group, indices, limit_bytes: int, batch_bytes: int, n: int, fir
     while the host reads for the next. Processes of a multi-host run each take
     ``n`` consecutive shares of ``n x processes``.
     """
-    total = n if total is None else total
-    if total == 1:
-        return [(0, w) for w in windows(plan, group, indices, limit_bytes, batch_bytes)]
-    indices = [tuple(i) for i in indices]
-    shares = [list(windows(plan, group, indices, limit_bytes, batch_bytes, (first + d, total))) for d in range(n)]
+    total, indices = n if total is None else total, [tuple(i) for i in indices]
+    shares = [keep_reads(list(windows(plan, group, indices, limit_bytes, batch_bytes, (first + d, total))),
+                         limit_bytes) for d in range(n)]
     return [(d, shares[d][r]) for r in range(max(map(len, shares))) for d in range(n) if r < len(shares[d])]

@@ -13,7 +13,9 @@ index maps agree). A tile of ``T`` output rows takes every ``|step|``-th row of
 ``|step| * T`` input rows: exactly ``|step|`` input tiles when the first row sits
 within ``|step|`` rows of its tile's start (``x[::2]``, ``x[1::3]``, ``x[::-1]`` of
 a multiple of ``T`` rows), so every input tile feeds one output tile and is read
-once; otherwise one more, which the next output tile reads again. Each input tile
+once; otherwise one more, which the next output tile reads too (listed as its last
+entries and the next tile's first, the last such axis outermost, so the schedule
+keeps that read for the next windows: :mod:`jask.exec.kept_reads`). Each input tile
 an output tile takes rows from is one *entry* (as in :mod:`jask.ops.gather`): its
 rows placed, zeros elsewhere, the entries folded by a select. A window thus holds
 one input tile per entry, never all the tiles an output tile spans at once (a
@@ -73,6 +75,11 @@ def _axis_sources(n, start, step, m, in_block, out_block):
     return tuple(sources)
 
 
+def _shares_tiles(sources) -> bool:
+    """Whether neighbouring output tiles along an axis take rows of one input tile (``x[5::3]``, not ``x[1::3]``)."""
+    return any(set(a) & set(b) for a, b in zip(sources, sources[1:]))
+
+
 def _axis_kind(n, start, step, m, in_block, out_block):
     """``"whole"``: each output tile along this axis is one input tile whole, or all padding (``x[1024:3072]``
     or a pad by whole tiles at edge 1024); ``"fixed"``: the axis is one output tile, whose row numbers are
@@ -98,6 +105,7 @@ class Strided(BlockParallelOp):
         # an axis whose output tiles each read one input tile (x[4:8], aligned pieces of a concatenate) finds that
         # tile from the output row numbers: its input row numbers are never read
         self.single = tuple(all(len(s) <= 1 for s in spans) for spans in self.sources)
+        self.entry_axes = sorted(range(len(self.sources)), key=lambda k: (not _shares_tiles(self.sources[k]), -k))
         d = len(self.axes)
         self.unused_inputs = frozenset(
             [1 + k for k, (one, kind) in enumerate(zip(self.single, self.kinds)) if one or kind == "whole"]
@@ -118,11 +126,10 @@ class Strided(BlockParallelOp):
         along = lambda a, b: tuple(b if c == a else 0 for c in range(len(out_idx)))  # noqa: E731
         out_rows = tuple(along(a, out_idx[a]) for a in self.axes)
         entries = []
-        for combo in itertools.product(*(spans[out_idx[a]] for a, spans in zip(self.axes, self.sources))):
-            x_idx = list(out_idx)
-            for a, b in zip(self.axes, combo):
-                x_idx[a] = b
-            entries.append((tuple(x_idx), *(along(a, b) for a, b in zip(self.axes, combo)), *out_rows))
+        for picked in itertools.product(*(self.sources[k][out_idx[self.axes[k]]] for k in self.entry_axes)):
+            at = dict(zip((self.axes[k] for k in self.entry_axes), picked))      # input tile along each moving axis
+            x_idx = tuple(at.get(a, i) for a, i in enumerate(out_idx))
+            entries.append((x_idx, *(along(a, at[a]) for a in self.axes), *out_rows))
         return entries                                 # none: the tile is all padding (zeros, nothing read)
 
     def _out_rows(self, k, rows):
