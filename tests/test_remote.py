@@ -475,7 +475,8 @@ def test_memory_urls_are_refused_as_destinations_in_a_multi_process_run(monkeypa
 
 def test_a_version_removal_fired_inside_an_event_loop_runs_on_a_thread_of_its_own():
     """A finalizer can fire on zarr's I/O thread, which runs an event loop: a blocking removal there
-    would be refused, so it moves to a thread of its own."""
+    would be refused, so it runs on a thread of its own (as every removal does; elsewhere the firing
+    thread waits for it)."""
     import asyncio
     import threading
     from jask.io import remote
@@ -486,7 +487,7 @@ def test_a_version_removal_fired_inside_an_event_loop_runs_on_a_thread_of_its_ow
         done.set()
 
     remote._remove_off_loop(remove, ("here",))
-    assert ran == [("here", threading.current_thread().name)]
+    assert ran == [("here", "jask-remove-version")]       # finished when the call returned
     done.clear()
 
     async def in_loop():
@@ -494,6 +495,26 @@ def test_a_version_removal_fired_inside_an_event_loop_runs_on_a_thread_of_its_ow
     asyncio.run(in_loop())
     assert done.wait(5) and ran[-1] == ("loop", "jask-remove-version")
 
+
+
+def test_a_removal_the_firing_thread_would_have_to_serve_does_not_hang_it(monkeypatch):
+    """A finalizer fired on a thread that the removal itself needs (a loopback server's thread in this
+    process, answering the removal's requests: a suite run hung there) waits only a bounded time."""
+    import threading
+    import time
+    from jask.io import remote
+    monkeypatch.setattr(remote, "REMOVE_WAIT_SECONDS", 0.2)
+    served, removed = threading.Event(), threading.Event()
+
+    def remove():                        # needs the firing thread to go on serving
+        if served.wait(10):
+            removed.set()
+
+    t0 = time.perf_counter()
+    remote._remove_off_loop(remove, ())
+    waited = time.perf_counter() - t0
+    served.set()                         # the firing thread serves again: the removal finishes
+    assert waited < 5 and removed.wait(5), waited
 
 _SCRATCH_CHILD = """
 import sys, time, numpy as np, jask

@@ -121,6 +121,9 @@ class RemoteStore(Store):
         return RemoteTileReader(self)
 
 
+REMOVE_WAIT_SECONDS = 5.0   # a finalizer's wait for its removal (see _remove_off_loop)
+
+
 class _Remover:
     """Calls ``remove(*args)`` (deleting keys) once no :class:`RemoteStore` holds this object, or at exit."""
 
@@ -129,18 +132,27 @@ class _Remover:
 
 
 def _remove_off_loop(remove, args) -> None:
-    """``remove(*args)`` here, or on a thread of its own where blocking here cannot end: a finalizer
-    may fire on zarr's I/O thread, where the blocking ``sync`` the removal uses is refused, or (from
-    the garbage collector, at any allocation) inside this thread's own ``sync`` wait, which then holds
-    its future's lock: the I/O loop, finishing that future, waits for the lock and never runs the
-    removal (a suite run hung so: a sweep's ``sync`` collected an older test's store)."""
+    """``remove(*args)`` on a thread of its own, waited for up to ``REMOVE_WAIT_SECONDS`` where waiting can end.
+
+    A finalizer fires on whatever thread the garbage collector runs on, and the blocking ``sync`` the
+    removal uses cannot finish on some: zarr's I/O thread refuses it; inside this thread's own ``sync``
+    wait the I/O loop waits for the future's lock this thread holds (a sweep's ``sync`` collected an older
+    test's store); a server thread in this process serving the store (a loopback emulator) would have
+    to answer the removal's own requests (a suite run hung there). So the removal always runs on its own
+    thread, and the firing thread waits for it (a dropped version is gone when ``gc.collect()`` returns)
+    only where it can, and never past the bound: the removal then finishes in the background.
+    """
+    try:
+        worker = threading.Thread(target=remove, args=args, name="jask-remove-version", daemon=True)
+        worker.start()
+    except RuntimeError:       # interpreter shutdown (Python 3.12+ starts no new threads then): remove here
+        remove(*args)
+        return
     try:
         asyncio.get_running_loop()
     except RuntimeError:
         if not _inside_sync():
-            remove(*args)
-            return
-    threading.Thread(target=remove, args=args, name="jask-remove-version", daemon=True).start()
+            worker.join(REMOVE_WAIT_SECONDS)
 
 
 def _inside_sync() -> bool:
