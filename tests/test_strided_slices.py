@@ -49,23 +49,30 @@ def test_strided_slices_match_numpy_and_their_gradients_match_jnp(small_tiles):
     np.testing.assert_array_equal(np.asarray(jax.grad(lambda x: knp.sum(x[KEYS[1]] * W))(a)), want)
 
 
+def _slice_spanning_windows(tmp_path, key, seed):
+    """``A[key]`` of a stored (224, 96) A in chunks and tiles of 16, at a budget of a few entries per window;
+    checked against NumPy. Returns A and the run's profile."""
+    import zarr
+    A = np.random.default_rng(seed).standard_normal((224, 96)).astype(np.float32)
+    z = zarr.create_array(str(tmp_path / "a.zarr"), shape=A.shape, chunks=(16, 16), dtype="float32", compressors=None)
+    z[...] = A
+    jask.config.update("tile", 16)
+    jask.set_memory_budget(40_000)
+    a = jask.from_zarr(str(tmp_path / "a.zarr"))
+    with jask.profile() as p:
+        got = np.asarray(a[key])
+    np.testing.assert_array_equal(got, A[key])
+    assert p.windows > np.prod([-(-n // 16) for n in A[key].shape]), "entries must span windows for this test"
+    return A, p
+
+
 @pytest.mark.parametrize("key, tiles", [(np.s_[::2, ::3], 84), (np.s_[1::2, ::-3], 84), (np.s_[::7, 16:80], 56)],
                          ids=["rows_cols", "negative", "rows_of_columns"])
 def test_an_aligned_strided_slice_reads_each_input_tile_once(key, tiles, reads, tmp_path):
     """The first row of each output tile sits within ``|step|`` rows of an input tile's start, so every input
     tile feeds one output tile: read once, though a tile's entries are spread over several windows (the
     whole input, 84 tiles, where every tile holds selected elements)."""
-    import zarr
-    A = np.random.default_rng(2).standard_normal((224, 96)).astype(np.float32)
-    z = zarr.create_array(str(tmp_path / "a.zarr"), shape=A.shape, chunks=(16, 16), dtype="float32", compressors=None)
-    z[...] = A
-    jask.config.update("tile", 16)
-    jask.set_memory_budget(40_000)                   # a few entries per window
-    a = jask.from_zarr(str(tmp_path / "a.zarr"))
-    with jask.profile() as p:
-        got = np.asarray(a[key])
-    np.testing.assert_array_equal(got, A[key])
-    assert p.windows > np.prod([-(-n // 16) for n in A[key].shape]), "entries must span windows for this test"
+    A, p = _slice_spanning_windows(tmp_path, key, 2)
     rows, cols = (np.unique(np.arange(n)[k] // 16) * 16 for n, k in zip(A.shape, key))
     holding = {((r, r + 16), (c, c + 16)) for r in rows for c in cols}     # tiles holding selected elements
     assert {region: n for (dtype, region), n in reads.items() if dtype == "float32"} == dict.fromkeys(holding, 1)
@@ -119,15 +126,5 @@ def test_an_unaligned_strided_slice_reads_each_input_tile_once(key, reads, tmp_p
     """Neighbouring output tiles share an input tile at their edge (``x[1::2, 5::3]``: 4 tile columns each,
     3 of them their own), read by the last windows of one and the first of the next: kept, it is read once
     (here the tile rows of ``both`` are two output tiles apart, within the keep's horizon)."""
-    import zarr
-    A = np.random.default_rng(3).standard_normal((224, 96)).astype(np.float32)
-    z = zarr.create_array(str(tmp_path / "a.zarr"), shape=A.shape, chunks=(16, 16), dtype="float32", compressors=None)
-    z[...] = A
-    jask.config.update("tile", 16)
-    jask.set_memory_budget(40_000)                   # a few entries per window
-    a = jask.from_zarr(str(tmp_path / "a.zarr"))
-    with jask.profile() as p:
-        got = np.asarray(a[key])
-    np.testing.assert_array_equal(got, A[key])
-    assert p.windows > np.prod([-(-n // 16) for n in A[key].shape]), "entries must span windows for this test"
+    _slice_spanning_windows(tmp_path, key, 3)
     assert {n for (dtype, _), n in reads.items() if dtype == "float32"} == {1}
