@@ -25,7 +25,7 @@ class Stats:
     compute_seconds: float = 0.0
     io_wait_seconds: float = 0.0
     plans: int = 0
-    peak_projected_bytes: int = 0      # the largest projection of a plan or of a window run (a pass holds its largest)
+    peak_projected_bytes: int = 0
     devices: frozenset = frozenset()   # the devices kernels ran on
     # Per device of a multi-device pass (jask.config.update("devices", ...)): bytes and tiles read
     # from stored arrays for the windows each device computed, and those windows.
@@ -37,8 +37,6 @@ class Stats:
         for k, v in counts.items():
             if k == "devices":
                 self.devices = self.devices | v
-            elif k == "peak_projected_bytes":
-                self.peak_projected_bytes = max(self.peak_projected_bytes, v)
             elif k.endswith("_by_device"):
                 mine = getattr(self, k)
                 for device, n in v.items():
