@@ -102,11 +102,15 @@ class DecodedChunks:
             s.start % n or (s.stop % n and s.stop != d) for s, n, d in zip(region, self.chunk, self.shape))
 
     def read(self, region, out, decode) -> None:
-        """Fill ``out`` with ``region``, chunk by chunk; ``decode(region, dest)`` fills ``dest`` from the store.
+        """Fill ``out`` with ``region``; ``decode(region, dest)`` fills ``dest`` from the store.
 
-        A chunk wholly inside ``region`` is decoded straight into ``out``; a part of
-        one is copied out of the kept chunk, decoded first if it is not kept yet.
+        Outside a pass, or for a region of whole chunks, that is one ``decode``. Otherwise chunk by
+        chunk: a chunk wholly inside ``region`` is decoded straight into ``out``; a part of one is
+        copied out of the kept chunk, decoded first if it is not kept yet.
         """
+        if not self.wanted(region):
+            decode(region, out)
+            return
         for coords in covering(region, self.chunk):
             whole = tuple(slice(c * n, min((c + 1) * n, d)) for c, n, d in zip(coords, self.chunk, self.shape))
             part = tuple(slice(max(s.start, w.start), min(s.stop, w.stop)) for s, w in zip(region, whole))

@@ -120,10 +120,8 @@ class TileReader:
         try:
             if out.ndim == 0:
                 out[...] = self.array[()]
-            elif self._decoded.wanted(region):   # part of a chunk: decode that chunk once for all its tiles
+            else:       # in a pass, part of a chunk: that chunk is decoded once for all its tiles
                 self._decoded.read(region, out, self._decode)
-            else:
-                self._decode(region, out)
         except Exception as e:
             raise self._decode_error(region, e) from e
 

@@ -364,10 +364,8 @@ class RemoteTileReader:
         try:
             if raw.ndim == 0:
                 raw[...] = self.array[()]
-            elif self._decoded.wanted(region):
-                self._decoded.read(region, raw, self._fetch)
             else:
-                self._fetch(region, raw)
+                self._decoded.read(region, raw, self._fetch)
         except TileReadError:
             raise
         except Exception as e:
