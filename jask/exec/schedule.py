@@ -284,7 +284,7 @@ def windows(plan, group, indices, limit_bytes: int, batch_bytes: int = WINDOW_IN
         plan, group[0], limit_bytes, batch_bytes, lambda idx, ents, seen: _tile_cost(
             draft, [(group[0], idx, ents)], 0, len(ents), seen))
     tiles = shared_tiles(plan, group, band_order(indices, rows) if rows > 1 else indices, share)
-    read_key = getattr(plan.prepared[id(group[0])].op, "input_tiles_read", None)
+    read_key = getattr(plan.prepared[id(group[0])].op, "input_tiles_of", None)
     if share == (0, 1) and len(group) == 1 and read_key is not None:
         units = _reading_together(plan, [(group[0], i, per_node[0][1]) for i, per_node, _ in tiles], read_key,
                                   limit_bytes, batch_bytes)
@@ -331,7 +331,7 @@ def windows(plan, group, indices, limit_bytes: int, batch_bytes: int = WINDOW_IN
 
 
 def _reading_together(plan, tiles, read_key, limit_bytes, batch_bytes):
-    """Output tiles whose entries read the same input tiles (``read_key``), in runs taken entry by entry.
+    """Output tiles whose entries read the same input tiles (``read_key(entries)``), in runs taken entry by entry.
 
     A regrouping reshape's output tile takes a few rows of each input tile it reads: in tile order each
     input tile was read once per output tile (``reshape`` of 8192^2 to (65536, 1024): 8 times). A window
@@ -340,7 +340,7 @@ def _reading_together(plan, tiles, read_key, limit_bytes, batch_bytes):
     """
     together = {}
     for n, idx, ents in tiles:
-        together.setdefault(read_key(idx) if len(ents) > 1 else ("alone", idx), []).append((n, idx, ents))
+        together.setdefault(read_key(ents) if len(ents) > 1 else ("alone", idx), []).append((n, idx, ents))
     for at in together.values():
         draft, seen = _Draft(plan, set()), set()       # how many tiles an empty window holds, one entry each
         for n, i, ents in (at if len(at[0][2]) > 1 else ()):     # whole tiles go one by one, as before

@@ -112,11 +112,12 @@ class Regroup(BlockParallelOp):
             entries.append((tuple(idx),) + in_iotas + out_iotas)
         return entries
 
-    def input_tiles_read(self, out_idx):
-        """The input tiles ``out_idx``'s entries read, in order. Output tiles of one list take a few rows of
-        each of the same tiles, so the window schedule runs them entry by entry together and reads each
-        tile once for all of them (:func:`jask.exec.schedule._reading_together`), not once per output tile."""
-        return tuple(entry[0] for entry in self.index_map(out_idx))
+    def input_tiles_of(self, entries):
+        """The input tiles an output tile's ``entries`` (its index map) read, in order. Output tiles of one list
+        take a few rows of each of the same tiles, so the window schedule runs them entry by entry together
+        and reads each tile once for all of them (:func:`jask.exec.schedule._reading_together`), not once per
+        output tile."""
+        return tuple(entry[0] for entry in entries)
 
     def forward_block(self, x, *iotas):
         nin, nout = len(self.in_shape), len(self.out_shape)
