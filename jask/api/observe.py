@@ -46,7 +46,9 @@ class Profile(events.Stats):
     - ``bytes_by_device`` / ``tiles_by_device`` / ``windows_by_device``: per
       device of a pass spread over several (``jask.config.update("devices",
       ...)``), the bytes and tiles read for the windows it computed, and those
-      windows (host copies and custom ops count for the first device).
+      windows (host copies and custom ops count for the first device);
+    - ``largest_window_bytes``: the largest window run, as the schedule projected it (what a pass holds
+      at once; within the budget), beside ``peak_projected_bytes``, the plan's projection of one tile.
 
     Memory. ``peak_rss_bytes`` is the high-water mark of the process's resident
     memory during the block (Linux resets it on entry through

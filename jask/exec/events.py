@@ -25,7 +25,8 @@ class Stats:
     compute_seconds: float = 0.0
     io_wait_seconds: float = 0.0
     plans: int = 0
-    peak_projected_bytes: int = 0
+    peak_projected_bytes: int = 0     # the largest plan's projection of one tile
+    largest_window_bytes: int = 0     # the largest window run, projected (windows grow to the limit: what a pass holds)
     devices: frozenset = frozenset()   # the devices kernels ran on
     # Per device of a multi-device pass (jask.config.update("devices", ...)): bytes and tiles read
     # from stored arrays for the windows each device computed, and those windows.
@@ -37,6 +38,8 @@ class Stats:
         for k, v in counts.items():
             if k == "devices":
                 self.devices = self.devices | v
+            elif k == "largest_window_bytes":
+                self.largest_window_bytes = max(self.largest_window_bytes, v)
             elif k.endswith("_by_device"):
                 mine = getattr(self, k)
                 for device, n in v.items():

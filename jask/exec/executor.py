@@ -156,7 +156,7 @@ class Executor:
 
             for share, w in sched:
                 reading_for[0] = self.devices[share]
-                count(windows=1, windows_by_device={self.devices[share]: 1})
+                count(windows=1, windows_by_device={self.devices[share]: 1}, largest_window_bytes=w.projected)
                 t0 = time.perf_counter()
                 try:
                     finished = runners[share].run(w, take)

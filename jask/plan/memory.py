@@ -65,7 +65,9 @@ def decoded_chunk_bytes(node: Node, tile: int) -> int:
 
 
 def group_bytes(group, fused_ids, tile: int, live, reach=None, inlined=frozenset()) -> int:
-    """Projected bytes of one lockstep group: its members' terms, each distinct leaf charged once.
+    """Projected bytes of one lockstep group: its members' terms, each distinct leaf charged once per tile of
+    it that one entry holds (a fused strided slice puts every input tile of its output tile in its
+    consumer's entry, and a window holds at least one entry whole).
 
     Members read a shared leaf's tile once per index (the executor's memo), and
     a member read by a later one is already held as that member's output tile.
@@ -78,31 +80,41 @@ def group_bytes(group, fused_ids, tile: int, live, reach=None, inlined=frozenset
     """
     bound = _charge(group, [leaves_and_ops(n, fused_ids, live) for n in group], tile, inlined)
     tiles = grid(group[0].shape, tile)
-    if reach is None or len({n.shape for n in group}) > 1 or np.prod(tiles, dtype=np.int64) > MAX_REACH_TILES:
+    if reach is None or len({n.shape for n in group}) > 1:
         return bound
-    charged = {}                        # what a tile reaches -> its bytes: tiles reaching alike are charged once
     try:
+        if np.prod(tiles, dtype=np.int64) > MAX_REACH_TILES:   # every node below, each leaf held as at the ends
+            ends = [reach(n, idx) for n in group for idx in ((0,) * len(tiles), tuple(t - 1 for t in tiles))]
+            held = {i: max(h.get(i, 1) for _, _, h in ends) for _, _, h in ends for i in h}
+            return _charge(group, [(*leaves_and_ops(n, fused_ids, live), held) for n in group], tile, inlined)
+        charged = {}                    # what a tile reaches -> its bytes: tiles reaching alike are charged once
+        simple = all(reach.one_tile_each(n) for n in group)
         for idx in np.ndindex(*tiles):
             pulled = [reach(n, idx) for n in group]
-            key = tuple((frozenset(map(id, leaves)), frozenset(map(id, ops))) for leaves, ops in pulled)
+            key = tuple((frozenset(map(id, leaves)), frozenset(map(id, ops)), frozenset(held.items()))
+                        for leaves, ops, held in pulled)
             if key not in charged:
                 charged[key] = _charge(group, pulled, tile, inlined)
-                if charged[key] >= bound:
-                    return bound        # a tile reaches everything (most ops): no need to look further
+                if simple and charged[key] >= bound:
+                    return bound        # a tile reaches everything, one tile of each (most ops): look no further
     except Exception:   # noqa: BLE001 -- a user op's index_map: its error is raised naming the tile, at run time
         return bound
     return max(charged.values(), default=bound)
 
 
 def _charge(group, pulled, tile: int, inlined=frozenset()) -> int:
-    """The slot terms of ``group`` given each member's ``(leaves, ops)`` pulled for one output tile
-    (the ops in ``inlined`` run inside their consumer's program: no slots, as in the window schedule)."""
+    """The slot terms of ``group`` given each member's ``(leaves, ops)`` or ``(leaves, ops, held)`` pulled for
+    one output tile (``held``: leaf id -> tiles of it one entry holds at once, 1 where absent; the ops in
+    ``inlined`` run inside their consumer's program: no slots, as in the window schedule)."""
     members = {id(n) for n in group}
-    leaves, op_bytes = {}, 0
-    for node_leaves, ops in pulled:
+    leaves, held, op_bytes = {}, {}, 0
+    for node_leaves, ops, *rest in pulled:
         leaves.update((id(n), n) for n in node_leaves if id(n) not in members)
+        for i, count in (rest[0] if rest else {}).items():
+            held[i] = max(held.get(i, 1), count)
         op_bytes += sum(tile_bytes(n, tile) for n in ops if id(n) not in inlined)
-    return (sum(SLOTS_PER_LEAF * tile_bytes(n, tile) + decoded_chunk_bytes(n, tile) for n in leaves.values())
+    return (sum(held.get(i, 1) * SLOTS_PER_LEAF * tile_bytes(n, tile) + decoded_chunk_bytes(n, tile)
+                for i, n in leaves.items())
             + SLOTS_PER_OP * op_bytes
             + SLOTS_FIXED * sum(tile_bytes(n, tile) for n in group))
 

@@ -1,7 +1,7 @@
 """Walking the lazy graph below a plan's roots: post-order stages, consumers, what one tile pulls."""
 from __future__ import annotations
 
-from collections import defaultdict
+from collections import Counter, defaultdict
 
 import numpy as np
 
@@ -66,25 +66,47 @@ class TileReach:
     def __init__(self, fused_ids, live, entries):
         self.fused_ids, self.live, self.entries = fused_ids, live, entries
 
-    def __call__(self, node: OpNode, block) -> tuple[list, list]:
-        """Distinct leaf inputs and op nodes evaluated while pulling tile ``block`` of ``node``."""
-        leaves, ops, seen = {}, {id(node): node}, set()
-        stack = [(node, tuple(block))]
-        while stack:
-            current, at = stack.pop()
-            if (id(current), at) in seen:
-                continue
-            seen.add((id(current), at))
-            positions = self.live(current)
-            for entry in self.entries(current, at):
-                for p in positions:
-                    inp = current.inputs[p].resolved()
+    def __call__(self, node: OpNode, block) -> tuple[list, list, dict]:
+        """Distinct leaf inputs and op nodes evaluated while pulling tile ``block`` of ``node``, and per leaf id
+        the most tiles of it that one entry of ``node`` holds at once: a fused producer with several entries
+        per tile (a strided slice) puts every one of its input tiles in its consumer's entry, and a window
+        holds at least one entry whole."""
+        leaves, ops, held = {}, {id(node): node}, {}
+        for top in self.entries(node, tuple(block)):
+            tiles, seen, stack = set(), set(), [(node, top)]
+            while stack:
+                current, entry = stack.pop()
+                for p in self.live(current):
+                    inp, at = current.inputs[p].resolved(), tuple(entry[p])
                     if isinstance(inp, OpNode) and id(inp) in self.fused_ids:
                         ops[id(inp)] = inp
-                        stack.append((inp, tuple(entry[p])))
+                        if (id(inp), at) not in seen:
+                            seen.add((id(inp), at))
+                            stack.extend((inp, e) for e in self.entries(inp, at))
                     elif not isinstance(inp, ScalarNode):
                         leaves[id(inp)] = inp
-        return list(leaves.values()), list(ops.values())
+                        tiles.add((id(inp), at))
+            for leaf_id, count in Counter(i for i, _ in tiles).items():
+                held[leaf_id] = max(held.get(leaf_id, 0), count)
+        return list(leaves.values()), list(ops.values()), held
+
+    def one_tile_each(self, node: OpNode) -> bool:
+        """Whether an entry of ``node`` holds at most one tile of each leaf, at every tile: no fused producer
+        below it has several entries per tile (checked at its first tile), and no leaf or fused op is
+        reached along two paths. Then a tile reaching every node below bounds all tiles."""
+        paths, stack = Counter(), [node]
+        while stack:
+            current = stack.pop()
+            for p in self.live(current):
+                inp = current.inputs[p].resolved()
+                if isinstance(inp, ScalarNode):
+                    continue
+                paths[id(inp)] += 1
+                if isinstance(inp, OpNode) and id(inp) in self.fused_ids and paths[id(inp)] == 1:
+                    if len(self.entries(inp, (0,) * inp.ndim)) > 1:
+                        return False
+                    stack.append(inp)
+        return all(c == 1 for c in paths.values())
 
 
 def nbytes(node: Node) -> int:
