@@ -25,6 +25,7 @@ class Stats:
     compute_seconds: float = 0.0
     io_wait_seconds: float = 0.0
     plans: int = 0
+    heap_trims: int = 0                # windows after which freed heap pages went back (jask.io.malloc.HeapWatch)
     peak_projected_bytes: int = 0     # the largest plan's projection of one tile
     largest_window_bytes: int = 0     # the largest window run, projected (windows grow to the limit: what a pass holds)
     devices: frozenset = frozenset()   # the devices kernels ran on

@@ -27,6 +27,7 @@ from jask.exec.schedule import spread, window_input_bytes
 from jask.graph.nodes import Node, OpNode, ScalarNode, StoredNode, ZerosNode
 from jask.graph.op import CustomOp
 from jask.graph.tiling import block_at, grid, region
+from jask.io.malloc import HeapWatch
 from jask.io.prefetch import Prefetcher
 from jask.io.reader import reader_for
 from jask.io.writer import WriteBehind
@@ -140,6 +141,7 @@ class Executor:
         runners = [WindowRunner(self.backend, d, ids, count) for d in self.devices]
         partials = Partials(sched, self.devices, lambda nd: kernels_cache.combine(self.plan.prepared[id(nd)].op))
         reading_for = [self.device]
+        heap = HeapWatch(config.memory_budget)
 
         def count_read(**counts):
             dev = reading_for[0]
@@ -165,7 +167,7 @@ class Executor:
                     e.add_note(f"while computing a window of {len(w.done)} tiles ({names}"
                                f"{', ...' if len(w.done) > 3 else ''}) on {self.devices[share]}")
                     raise
-                count(compute_seconds=time.perf_counter() - t0)
+                count(compute_seconds=time.perf_counter() - t0, heap_trims=int(heap.after_window()))
                 for node, idx, tile in partials.finished(share, finished):
                     yield node, idx, self._checked(node, idx, tile, cast)
 
