@@ -28,6 +28,7 @@ from jask.config import config
 from jask.graph.nodes import Node, OpNode, ZerosNode
 from jask.graph.op import CustomOp
 from jask.graph.tiling import grid, tiled
+from jask.plan.dedup import merge_equal_nodes
 from jask.plan.fusion import entries_of, entry_program, live_positions
 from jask.plan.one_pass import PlanView, entry_count, pass_reductions, shares_a_pass
 from jask.plan.memory import SLOTS_FIXED, SLOTS_PER_LEAF, elements, group_bytes, human_bytes, projected_bytes, tile_bytes
@@ -152,6 +153,7 @@ def _plan_at(roots, order, tile, one_pass=True):
     copied = [r.resolved() for r in roots if not isinstance(r.resolved(), OpNode) and r.shape != ()]
     prepared = {id(n): _prepare(n, tile) for n in order}
     live = lambda n: live_positions(n, prepared[id(n)].op)
+    merge_equal_nodes(order, prepared, live, root_ids)
     live_order, edges = collect(roots, live)
     co = pass_reductions(roots, prepared, tile) if config.fusion and one_pass else set()
     below_co = _feeding_only(co, live_order, edges, root_ids)

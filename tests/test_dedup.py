@@ -1,0 +1,75 @@
+"""Equal op applications below a plan's roots are computed once (``jask/plan/dedup.py``): checked by the bytes
+read, against the same computation with the merge switched off, and against jnp."""
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+import zarr
+
+import jask
+import jask.numpy as knp
+from jask import nn as jnn
+from jask.plan import planner
+
+
+@pytest.fixture
+def stored(tmp_path):
+    jask.config.update("tile", 32)
+    jask.set_memory_budget(400_000)
+    A = np.random.default_rng(0).standard_normal((128, 96)).astype(np.float32)
+    path = str(tmp_path / "a.zarr")
+    zarr.create_array(path, shape=A.shape, chunks=(32, 32), dtype="float32", compressors=None)[...] = A
+    return A, jask.from_zarr(path)
+
+
+def _read(fn, *args):
+    with jask.profile() as prof:
+        out = np.asarray(fn(*args))
+    return out, prof.bytes_read
+
+
+def _read_without_merging(monkeypatch, fn, *args):
+    with monkeypatch.context() as m:
+        m.setattr(planner, "merge_equal_nodes", lambda *a: 0)
+        return _read(fn, *args)
+
+
+def test_a_repeated_subexpression_is_computed_once(stored, monkeypatch):
+    """The two means shared a pass already (a lockstep group); merged, one is computed, stored and read."""
+    from jask.exec import driver
+    A, a = stored
+    f = lambda x: (x - knp.mean(x, axis=0)) * (x - knp.mean(x, axis=0))   # noqa: E731
+    with monkeypatch.context() as m:
+        m.setattr(planner, "merge_equal_nodes", lambda *args: 0)
+        assert len(driver.make_plan([f(a)._node]).stages) == 3
+    assert len(driver.make_plan([f(a)._node]).stages) == 2
+    unmerged, reads_before = _read_without_merging(monkeypatch, f, a)
+    got, reads = _read(f, a)
+    np.testing.assert_allclose(got, (A - A.mean(axis=0)) ** 2, rtol=1e-5, atol=1e-6)
+    np.testing.assert_array_equal(got, unmerged)
+    mean_bytes = A.shape[1] * 4
+    assert reads_before - reads == mean_bytes, (reads_before, reads)    # the second mean, stored and read back
+
+
+def test_a_softmax_gradient_computes_its_logsumexp_once(stored, monkeypatch):
+    """logsumexp keeps a stop-gradient copy of itself for its gradient; the forward computed both."""
+    A, a = stored
+    W = np.random.default_rng(1).standard_normal(A.shape).astype(np.float32)
+    w = jask.from_numpy(W)
+    grad = jax.jit(jax.grad(lambda x, v: knp.sum(jnn.softmax(x, axis=1) * v)))
+    unmerged, reads_before = _read_without_merging(monkeypatch, grad, a, w)
+    got, reads = _read(grad, a, w)
+    want = jax.grad(lambda x: jnp.sum(jax.nn.softmax(x, axis=1) * W))(jnp.asarray(A))
+    np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-6)
+    np.testing.assert_allclose(got, unmerged, rtol=1e-6, atol=1e-7)
+    assert reads_before - reads == A.nbytes, (reads_before, reads)
+
+
+def test_roots_stay_and_inputs_kept_only_for_gradients_do_not_tell_nodes_apart(stored):
+    """Two equal roots are both results; a reduction differing in an argument is not merged."""
+    A, a = stored
+    s1, s2, m = knp.sum(a, axis=1), knp.sum(a, axis=1), knp.max(a, axis=1)
+    out1, out2, out3 = jask.persist(s1, s2, m)
+    np.testing.assert_allclose(np.asarray(out1), A.sum(axis=1), rtol=1e-5)
+    np.testing.assert_array_equal(np.asarray(out1), np.asarray(out2))
+    np.testing.assert_array_equal(np.asarray(out3), A.max(axis=1))
