@@ -30,7 +30,7 @@ def _read(fn, *args):
 
 def _read_without_merging(monkeypatch, fn, *args):
     with monkeypatch.context() as m:
-        m.setattr(planner, "merge_equal_nodes", lambda *a: {})
+        m.setattr(planner, "merge_equal_nodes", lambda *a: 0)
         return _read(fn, *args)
 
 
@@ -40,7 +40,7 @@ def test_a_repeated_subexpression_is_computed_once(stored, monkeypatch):
     A, a = stored
     f = lambda x: (x - knp.mean(x, axis=0)) * (x - knp.mean(x, axis=0))   # noqa: E731
     with monkeypatch.context() as m:
-        m.setattr(planner, "merge_equal_nodes", lambda *args: {})
+        m.setattr(planner, "merge_equal_nodes", lambda *args: 0)
         assert len(driver.make_plan([f(a)._node]).stages) == 3
     assert len(driver.make_plan([f(a)._node]).stages) == 2
     unmerged, reads_before = _read_without_merging(monkeypatch, f, a)
@@ -54,17 +54,17 @@ def test_a_repeated_subexpression_is_computed_once(stored, monkeypatch):
 GRADIENTS = {   # jask loss and jnp loss of x and a weight v, and the shape of v (the result's) for x of shape s
     "softmax": (lambda x, v: knp.sum(jnn.softmax(x, axis=1) * v), lambda x, v: jnp.sum(jax.nn.softmax(x, axis=1) * v),
                 lambda s: s),
-    "logsumexp": (lambda x, v: knp.sum(jnn.logsumexp(x, axis=1) * v),
-                  lambda x, v: jnp.sum(jax.nn.logsumexp(x, axis=1) * v), lambda s: s[:1]),
-    "max": (lambda x, v: knp.sum(knp.max(x, axis=0) * v), lambda x, v: jnp.sum(jnp.max(x, axis=0) * v),
-            lambda s: s[1:]),
+    "logsumexp": (lambda x, v: knp.sum(jnn.logsumexp(x, axis=1, keepdims=True) * v),
+                  lambda x, v: jnp.sum(jax.nn.logsumexp(x, axis=1, keepdims=True) * v), lambda s: s[:1] + (1,)),
+    "max": (lambda x, v: knp.sum(knp.max(x, axis=0, keepdims=True) * v),
+            lambda x, v: jnp.sum(jnp.max(x, axis=0, keepdims=True) * v), lambda s: (1,) + s[1:]),
 }
 
 
 @pytest.mark.parametrize("case", sorted(GRADIENTS))
 def test_a_reduction_and_its_own_reference_are_computed_once_under_grad(stored, monkeypatch, case):
-    """max, min and logsumexp keep a stop-gradient copy of themselves for their gradient; the forward computed
-    both (without keepdims the two were different applications, and both were kept for the backward)."""
+    """max, min and logsumexp keep a stop-gradient copy of themselves (with keepdims) for their gradient; the
+    forward computed both."""
     A, a = stored
     f, f_jnp, result_shape = GRADIENTS[case]
     W = np.random.default_rng(1).standard_normal(result_shape(A.shape)).astype(np.float32)
@@ -74,7 +74,8 @@ def test_a_reduction_and_its_own_reference_are_computed_once_under_grad(stored, 
     want = jax.grad(f_jnp)(jnp.asarray(A), W)
     np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-6)
     np.testing.assert_allclose(got, unmerged, rtol=1e-6, atol=1e-7)
-    assert reads_before - reads == A.nbytes, (reads_before, reads)     # one pass over A fewer
+    small = 4 * max(A.shape)       # a reduction's result, stored and read back once instead
+    assert A.nbytes - small <= reads_before - reads <= A.nbytes, (reads_before, reads)     # one pass over A fewer
 
 
 def test_roots_stay_and_inputs_kept_only_for_gradients_do_not_tell_nodes_apart(stored):

@@ -33,9 +33,9 @@ from jask.plan.walk import nbytes
 RELEASE_AFTER_BYTES = 16 << 20     # after a run projected at this or more, return freed memory (run())
 
 
-def make_plan(roots, aliasable=frozenset()) -> Plan:
+def make_plan(roots) -> Plan:
     """The plan :func:`run` would execute for ``roots`` (the planner, told what each plan reads)."""
-    return plan(roots, lambda p: planned_io(p)[0], aliasable)
+    return plan(roots, lambda p: planned_io(p)[0])
 
 
 def explain(nodes) -> str:
@@ -149,17 +149,11 @@ def run(roots, make_sinks=None, drop_optional: bool = False):
     extra = _take_deferred(roots, drop_optional)
     p = None
     try:
-        p = make_plan(roots + extra, frozenset(id(n.resolved()) for n in extra))
+        p = make_plan(roots + extra)
         # Inside jit this runs in io_callback, whose default device is the host CPU: name ours.
         devices = usable_devices()
         with jax.default_device(devices[0]):
-            results = _run(p, roots, make_sinks, devices)
-        for left_out, computed in p.aliases.values():     # a store kept for later, equal to one this run made
-            if computed.result is not None:
-                left_out.set_result(computed.result)
-            else:
-                store_with_next_run([left_out])
-        return results
+            return _run(p, roots, make_sinks, devices)
     except BaseException:
         store_with_next_run([n for n in extra if n.result is None])   # still wanted (as required, now)
         raise

@@ -10,6 +10,8 @@ import os
 import resource
 import sys
 
+_PAGE = os.sysconf("SC_PAGE_SIZE") if hasattr(os, "sysconf") else 4096
+
 
 def status_bytes(field: str) -> int | None:
     """A size field of /proc/self/status (``VmRSS:``, ``VmHWM:``) in bytes, or None off Linux."""
@@ -31,9 +33,6 @@ def resident_bytes() -> int | None:
             return int(f.read().split()[1]) * _PAGE
     except (OSError, ValueError, IndexError):
         return None
-
-
-_PAGE = os.sysconf("SC_PAGE_SIZE") if hasattr(os, "sysconf") else 4096
 
 
 def reset_peak_rss() -> bool:

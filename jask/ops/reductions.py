@@ -31,7 +31,6 @@ from jask.hijax.array import is_disk_array, type_of
 from jask.hijax.make_op import make_op
 from jask.ops import accurate_log, elementwise as ew
 from jask.ops.operands import iota
-from jask.ops.references import detached, like_its_reference
 
 
 def normalize_axis(axis, ndim, name="reduction") -> tuple[int, ...]:
@@ -242,10 +241,14 @@ def sum(a, axis=None, dtype=None, out=None, keepdims=False, initial=None, where=
 def _extremum(op, name, a, axis, keepdims):
     if _count(a, axis, name) == 0:          # an empty output with a non-empty reduced axis is fine
         raise ValueError(f"{name} of an empty array has no identity")
-    m = detached(op, a, axis)
+    m = _detached(op, a, axis)
     count = _sum(ew.equal(a, m), axis=axis, keepdims=True)
-    return like_its_reference(lambda kd: op(a, m, count, axis=axis, keepdims=kd), a,
-                              normalize_axis(axis, type_of(a).ndim, name), keepdims)
+    return op(a, m, count, axis=axis, keepdims=keepdims)
+
+
+def _detached(op, a, axis):
+    """The reduction with keepdims, as a constant reference (no gradient of its own)."""
+    return ew.stop_gradient(op(a, axis=axis, keepdims=True))
 
 
 @_jnp_for_in_memory
@@ -357,9 +360,7 @@ def logsumexp(a, axis=None, b=None, keepdims=False, return_sign=False, where=Non
                                   "scale with jask.numpy.log(b) added to a instead of b=")
     axes = normalize_axis(axis, type_of(a).ndim, "logsumexp")
     a, out_dtype = _moment_input(a, None)
-    ref = detached(_logsumexp, a, axes)
-    return _cast(like_its_reference(lambda kd: _logsumexp(a, ref, axis=axes, keepdims=kd), a, axes, keepdims),
-                 out_dtype)
+    return _cast(_logsumexp(a, _detached(_logsumexp, a, axes), axis=axes, keepdims=keepdims), out_dtype)
 
 
 def _arg_extremum(name, op, a, axis, keepdims):
@@ -368,7 +369,7 @@ def _arg_extremum(name, op, a, axis, keepdims):
     axes = normalize_axis(axis, t.ndim, name)
     if _count(a, axes, name) == 0:             # an empty output with a non-empty reduced axis is fine
         raise ValueError(f"{name} of an empty array (an empty reduced axis)")
-    m = detached(op, a, axes)
+    m = _detached(op, a, axes)
     iotas = [iota(t.shape[ax], ax, t.ndim, name) for ax in axes]
     strides = tuple(math.prod(t.shape[b] for b in axes[k + 1:]) for k in range(len(axes)))
     big = math.prod(t.shape[ax] for ax in axes)

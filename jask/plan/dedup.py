@@ -9,9 +9,7 @@ this from XLA; jask's graph is its own.
 
 Of each set of equal nodes the first in post-order is kept. Consumers are rewired onto it in place
 (``node.inputs``): equal nodes hold the same value, so every graph that reads either reads the same numbers.
-Roots stay (they are the run's results); a root equal to a kept root is reported, and the driver stores it
-as the kept one's result when it may (``aliasable``: the stores a run keeps for later, not a user's
-destinations). Custom ops, whose ``forward`` may read its inputs as it likes, and nodes that know which of
+Roots stay (they are the run's results), computed on their own where an equal node came first. Custom ops, whose ``forward`` may read its inputs as it likes, and nodes that know which of
 their inputs are not differentiated (a loss's ``fixed_inputs``) are never merged.
 """
 from __future__ import annotations
@@ -19,9 +17,9 @@ from __future__ import annotations
 from jask.graph.op import CustomOp
 
 
-def merge_equal_nodes(order, prepared, live, root_ids) -> dict:
-    """Rewire the consumers in ``order`` (post-order: producers first) of equal nodes onto the first of them;
-    returns ``{id(root): kept node}`` for the roots equal to an earlier node."""
+def merge_equal_nodes(order, prepared, live, root_ids) -> int:
+    """Rewire the consumers in ``order`` (post-order: producers first) of equal nodes onto the first of them
+    (roots keep their own node); returns how many nodes were merged away."""
     group_of, members = {}, {}          # id(node) -> its set's number; number -> nodes, in order
     keys = {}
     for node in order:
@@ -39,8 +37,7 @@ def merge_equal_nodes(order, prepared, live, root_ids) -> dict:
                        for i in node.inputs)
         if any(a is not b for a, b in zip(inputs, node.inputs)):
             node.inputs = inputs
-    return {id(n): kept[number] for number, nodes in members.items() for n in nodes
-            if id(n) in root_ids and n is not kept[number]}
+    return sum(1 for number, nodes in members.items() for n in nodes if n is not kept[number] and id(n) not in root_ids)
 
 
 def _key(node, positions, group_of, prepared):

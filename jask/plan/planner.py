@@ -69,8 +69,6 @@ class Plan:
     # node id -> StoredNode: a root computed by an earlier group whose copy is not yet its result (update_all's
     # stores, committed after the run); later groups of the run read it there
     stored_aside: dict = dataclasses.field(default_factory=dict)
-    # id -> (root left out, the equal root computed instead): jask.plan.dedup; the driver gives it that result
-    aliases: dict = dataclasses.field(default_factory=dict)
 
     def __post_init__(self):
         self.fused_ids = {id(n) for n in self.fused}
@@ -103,16 +101,14 @@ class Plan:
         return "\n".join(lines)
 
 
-def plan(roots, planned_reads, aliasable=frozenset()) -> Plan:
+def plan(roots, planned_reads) -> Plan:
     """Plan the computation of ``roots``; raises ``ValueError`` if it cannot fit the budget.
 
     The tile edge is the largest that fits the budget, except that when a
     lockstep join (shared reads, no store-and-read-back) was refused for want
     of memory, half the edge is taken if that plan reads fewer bytes
     (``planned_reads(plan)``), down to tiles of ``LOCKSTEP_MIN_TILE_BYTES``.
-    Equal nodes are computed once (:mod:`jask.plan.dedup`); a root in ``aliasable`` (ids) equal to
-    another such root is left out, and listed in ``Plan.aliases`` for the caller to give the other's result
-    (never a user's destination, which ``update_`` may rewrite).
+    Equal nodes are computed once (:mod:`jask.plan.dedup`).
     """
     order, _ = collect(roots)
     every = list(order) + [i.resolved() for n in order for i in n.inputs] + [r.resolved() for r in roots]
@@ -121,10 +117,8 @@ def plan(roots, planned_reads, aliasable=frozenset()) -> Plan:
             elements(n.shape, tile) > MAX_TILE_ELEMENTS for n in every):
         tile //= 2
     prepared = {id(n): _prepare(n, tile) for n in order}
-    by_id = {id(r.resolved()): r.resolved() for r in roots}
-    same = merge_equal_nodes(order, prepared, lambda n: live_positions(n, prepared[id(n)].op), set(by_id))
-    aliases = {i: (by_id[i], kept) for i, kept in same.items() if {i, id(kept)} <= aliasable}   # scratch only
-    roots = [r for r in roots if id(r.resolved()) not in aliases]
+    merge_equal_nodes(order, prepared, lambda n: live_positions(n, prepared[id(n)].op),
+                      {id(r.resolved()) for r in roots})
     order, _ = collect(roots)
     while True:
         p, need, names, refused = _plan_at(roots, order, tile)
@@ -149,7 +143,6 @@ def plan(roots, planned_reads, aliasable=frozenset()) -> Plan:
         if smaller_reads >= reads:
             break
         p, tile, reads = smaller, tile // 2, smaller_reads
-    p.aliases = aliases
     return p
 
 
