@@ -9,8 +9,9 @@ this from XLA; jask's graph is its own.
 
 Of each set of equal nodes the first in post-order is kept. Consumers are rewired onto it in place
 (``node.inputs``): equal nodes hold the same value, so every graph that reads either reads the same numbers.
-Roots stay (they are the run's results), computed on their own where an equal node came first. Custom ops, whose ``forward`` may read its inputs as it likes, and nodes that know which of
-their inputs are not differentiated (a loss's ``fixed_inputs``) are never merged.
+Roots stay (they are the run's results), computed on their own where an equal node came first. Custom ops,
+whose ``forward`` may read its inputs as it likes, and nodes that know which of their inputs are not
+differentiated (a loss's ``fixed_inputs``) are never merged.
 """
 from __future__ import annotations
 
@@ -37,7 +38,8 @@ def merge_equal_nodes(order, prepared, live, root_ids) -> int:
                        for i in node.inputs)
         if any(a is not b for a, b in zip(inputs, node.inputs)):
             node.inputs = inputs
-    return sum(1 for number, nodes in members.items() for n in nodes if n is not kept[number] and id(n) not in root_ids)
+    return sum(1 for number, nodes in members.items() for n in nodes
+               if n is not kept[number] and id(n) not in root_ids)
 
 
 def _key(node, positions, group_of, prepared):
