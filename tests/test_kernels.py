@@ -48,10 +48,26 @@ def backend(request):
     return request.param
 
 
+# Under pallas-interpret every row runs forward (eager and jit); the gradient modes run for one or two rows of
+# each family of ops (a row's backward compiles 1-8 s of interpret-mode kernels: all 77 rows took 230 s of the
+# suite). test_ops.py runs every row's gradients under xla, whose window programs are built by the same code;
+# tpu_tests/ runs the whole table compiled on a TPU; JASK_FULL_OPS_TABLE=1 runs it all here.
+PALLAS_GRADS = {"add", "np_clip_abs_sigmoid", "np_jaxscalar_maximum_div", "np_sub_3d_broadcast",       # elementwise
+                "sum", "np_max_axis", "np_prod_axis", "np_logsumexp_axes", "nn_softmax",               # reductions
+                "dot", "dot_batched", "np_einsum_batched",                                             # contractions
+                "transpose_3d", "np_reshape_rechunk_regroup", "np_broadcast_to",                       # shapes
+                "getitem_steps", "getitem_int_array", "getitem_bool_mask", "np_concatenate_axis1",    # indexing, joins
+                "chain_dot_sub_square"}
+_FULL = os.environ.get("JASK_FULL_OPS_TABLE") == "1"
+PALLAS_CASES = [c for c in (test_ops.CASES if _TABLE_HERE else [])
+                if _FULL or c.id.rsplit("-", 1)[1] in ("forward", "forward_jit") or c.id.rsplit("-", 1)[0] in PALLAS_GRADS]
+
+
 @pytest.mark.skipif(not _TABLE_HERE, reason="test_ops.py parametrizes the OPS table over backends itself")
-@pytest.mark.parametrize("args, jask_fn, ref_fn, mode", test_ops.CASES if _TABLE_HERE else [])
+@pytest.mark.parametrize("args, jask_fn, ref_fn, mode", PALLAS_CASES)
 def test_ops_table_pallas_interpret(small_tiles, args, jask_fn, ref_fn, mode):
-    """The whole table (forward and gradients) under pallas-interpret; test_ops.py runs it under xla."""
+    """The table under pallas-interpret (every row forward, the gradients of PALLAS_GRADS); test_ops.py runs it
+    all under xla."""
     jask.config.update("backend", "pallas-interpret")
     test_ops._RUNNERS[mode](args, jask_fn, ref_fn)
 
@@ -62,6 +78,12 @@ def test_auto_picks_xla_on_cpu_never_interpret():
     jask.config.update("backend", "auto")
     assert kernels.auto_backend("cpu") == "xla"
     assert kernels.auto_backend() != "pallas-interpret"
+
+
+@pytest.mark.skipif(not _TABLE_HERE, reason="test_ops.py parametrizes the OPS table over backends itself")
+def test_pallas_gradient_rows_are_rows_of_the_table():
+    ids = {c.id.rsplit("-", 1)[0] for c in test_ops.CASES}
+    assert PALLAS_GRADS <= ids, PALLAS_GRADS - ids
 
 
 def test_every_backend_is_registered():

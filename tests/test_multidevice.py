@@ -25,7 +25,7 @@ import jask
 TILE = 4
 
 SCRIPT = textwrap.dedent("""
-    import json, jax, jax.numpy as jnp, numpy as np, jask, jask.optim
+    import json, os, jax, jax.numpy as jnp, numpy as np, jask, jask.optim
     assert len(jax.devices()) == 4, jax.devices()
     jask.config.update("tile", TILE)
     rng = np.random.default_rng(0)
@@ -61,7 +61,10 @@ SCRIPT = textwrap.dedent("""
         "update_": lambda: np.asarray(w_np - 0.01 * jax.grad(lambda w: jnp.sum(jnp.square(X_np @ w - t_np)))(w_np)),
     }
     report = {}
+    only = os.environ.get("JASK_MD_CASES")
     for name, case in CASES.items():
+        if only and name not in only.split(","):
+            continue
         results, shares = [], None
         for devices in (None, jax.devices()):
             jask.config.update("devices", devices)
@@ -84,22 +87,38 @@ SCRIPT = textwrap.dedent("""
 """).replace("TILE", str(TILE))
 
 
-@pytest.fixture(scope="module", params=["xla", pytest.param("pallas-interpret", marks=pytest.mark.slow)])
-def report(tmp_path_factory, request):
-    env = dict(os.environ, XLA_FLAGS="--xla_force_host_platform_device_count=4", JASK_BACKEND=request.param,
-               JASK_SCRATCH_DIR=str(tmp_path_factory.mktemp("multidevice")), JAX_PLATFORMS="cpu")
-    out = subprocess.run([sys.executable, "-c", SCRIPT], env=env, capture_output=True, text=True, timeout=300)
-    lines = [ln for ln in out.stdout.splitlines() if ln.startswith("REPORT")]
-    assert out.returncode == 0 and lines, out.stdout[-2000:] + out.stderr[-3000:]
-    return json.loads(lines[0][len("REPORT"):])
-
-
 CASES = ["sum", "sum_jit", "elementwise", "elementwise_jit", "dot", "dot_jit", "grad", "grad_jit", "update_"]
+# pallas-interpret runs five of them, eager and jit, each kind of pass once (all nine took 46 s of the suite):
+# device shares are the executor's, the same for every backend; its kernels' device is what differs.
+PALLAS_CASES = ["sum", "elementwise_jit", "dot", "grad_jit", "update_"]
+BACKEND_CASES = [("xla", c) for c in CASES] + [pytest.param("pallas-interpret", c, marks=pytest.mark.slow)
+                                               for c in PALLAS_CASES]
 
 
-@pytest.mark.parametrize("case", CASES)
-def test_each_device_reads_a_quarter_of_every_pass(report, case):
-    r = report[case]
+@pytest.fixture(scope="module")
+def reports(tmp_path_factory):
+    """``reports(backend)``: the child's report for that backend, run once per backend and module (a
+    parametrized module fixture would run it again for every (backend, case) pair)."""
+    done = {}
+
+    def get(backend):
+        if backend not in done:
+            cases = ",".join(CASES if backend == "xla" else PALLAS_CASES)
+            env = dict(os.environ, XLA_FLAGS="--xla_force_host_platform_device_count=4", JASK_BACKEND=backend,
+                       JASK_SCRATCH_DIR=str(tmp_path_factory.mktemp("multidevice")), JAX_PLATFORMS="cpu",
+                       JASK_MD_CASES=cases)
+            out = subprocess.run([sys.executable, "-c", SCRIPT], env=env, capture_output=True, text=True,
+                                 timeout=300)
+            lines = [ln for ln in out.stdout.splitlines() if ln.startswith("REPORT")]
+            assert out.returncode == 0 and lines, out.stdout[-2000:] + out.stderr[-3000:]
+            done[backend] = json.loads(lines[0][len("REPORT"):])
+        return done[backend]
+    return get
+
+
+@pytest.mark.parametrize("backend, case", BACKEND_CASES)
+def test_each_device_reads_a_quarter_of_every_pass(reports, backend, case):
+    r = reports(backend)[case]
     total = sum(r["bytes"].values())
     assert total == r["bytes_read"] > 0, r
     assert len(r["kernel_devices"]) == 4, r
@@ -109,9 +128,9 @@ def test_each_device_reads_a_quarter_of_every_pass(report, case):
         assert abs(got - total / 4) <= tile_bytes * r["passes"], (case, device, got, total, r)
 
 
-@pytest.mark.parametrize("case", CASES)
-def test_four_devices_give_one_devices_results(report, case):
-    r = report[case]
+@pytest.mark.parametrize("backend, case", BACKEND_CASES)
+def test_four_devices_give_one_devices_results(reports, backend, case):
+    r = reports(backend)[case]
     assert r["one_vs_ref"] <= 1e-4 * max(r["scale"], 1.0), r      # the one-device result is right
     if case.startswith("elementwise"):
         assert r["bit_equal"], r                                   # order-independent: bit for bit
