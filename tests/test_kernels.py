@@ -60,7 +60,8 @@ PALLAS_GRADS = {"add", "np_clip_abs_sigmoid", "np_jaxscalar_maximum_div", "np_su
                 "chain_dot_sub_square"}
 _FULL = os.environ.get("JASK_FULL_OPS_TABLE") == "1"
 PALLAS_CASES = [c for c in (test_ops.CASES if _TABLE_HERE else [])
-                if _FULL or c.id.rsplit("-", 1)[1] in ("forward", "forward_jit") or c.id.rsplit("-", 1)[0] in PALLAS_GRADS]
+                if _FULL or c.id.rsplit("-", 1)[1] in ("forward", "forward_jit")
+                or c.id.rsplit("-", 1)[0] in PALLAS_GRADS]
 
 
 @pytest.mark.skipif(not _TABLE_HERE, reason="test_ops.py parametrizes the OPS table over backends itself")

@@ -26,7 +26,7 @@ def fold_rows():
     x = (np.random.default_rng(1).standard_normal((128, 8)) * 4).astype(np.float32)
     want_lse = _lse64(x, 0)
     want_sm = np.exp(x.astype(np.float64) - want_lse)
-    print("tile  device  lse abs err  softmax rel err  (x (128, 8), axis 0; |lse| ~", float(np.abs(want_lse).max()), ")")
+    print(f"tile  device  lse abs err  softmax rel err  (x (128, 8), axis 0; |lse| up to {np.abs(want_lse).max():.1f})")
     for device in (jax.devices()[0], CPU):
         for tile in (4, 16, 128):
             jask.config.update("device", device)

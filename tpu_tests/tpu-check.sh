@@ -18,7 +18,8 @@
 # Also: bands (a product's tiles in bands of block rows against row-major, the whole pipeline from Zarr stores,
 # n=8192 in tiles of 1024, budget 2GB: 1.5 GiB read against 2.5 GiB row-major; bytes and time, BANDS_CAP 240 s).
 # Also: lse (tpu_tests/lse_probe.py: jask's logsumexp/softmax against float64 beside jax.nn on the chip and the host,
-# the chip's exp/log/log1p in ulps; then tests/test_logsumexp_pass.py, LSE_CAP 150 s).
+# the chip's exp/log/log1p in ulps; tpu_tests/fold_probe.py: logsumexp's error against the number of folded blocks;
+# then tests/test_logsumexp_pass.py, LSE_CAP 150 s).
 # Also: matmul (tpu_tests/matmul_probe.py 8192: the TPU matmul inner blocks against jnp) and hwslice (tests HW_FROM
 # to HW_TO, 1-based, of `pytest tpu_tests --co` order, HW_CAP seconds: on 2026-12-06 tests 1-265 of that order ran
 # after the scalar-prefetch change, so HW_FROM=266 HW_TO=325 runs the 60 OPS-table rows left). To run your own commands after `env`, append to PYTHONPATH
@@ -105,6 +106,7 @@ if want stack; then
 fi
 if want lse; then
   el lse; { timeout ${LSE_CAP:-150} python3 tpu_tests/lse_probe.py 2>&1 | grep -vE "^(I|W)[0-9]{4}|^WARNING:jax|warnings.warn|hugepages"
+    timeout 100 python3 tpu_tests/fold_probe.py 2>&1 | grep -vE "^(I|W)[0-9]{4}|^WARNING:jax|warnings.warn|hugepages"
     timeout -s INT -k 10 150 python3 -m pytest tests/test_logsumexp_pass.py -q -o addopts="" -p no:cacheprovider -rfE --tb=short; echo "rc=$?"; } \
     > "$OUT/lse.log" 2>&1
 fi
