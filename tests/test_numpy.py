@@ -293,7 +293,7 @@ def test_low_precision_reductions_accumulate_in_float32(small_tiles, dtype):
              (lambda m, a: m.sum(a)), (lambda m, a: m.prod(a, axis=1))]
     z, zr = jask.from_numpy(Z), jnp.asarray(Z)
     for wrap in (lambda f: f, jax.jit):
-        for case in cases:
+        for case in (cases if wrap is not jax.jit else cases[::3]):     # jit: a mean, a std, the product
             for a, r in ((x, xr), (y, yr)) + (((z, zr),) if case is cases[-1] else ()):     # Z for the product
                 got, want = wrap(lambda a: case(knp, a))(a), case(jnp, r)
                 assert np.asarray(got).dtype == want.dtype and np.shape(got) == want.shape

@@ -25,7 +25,7 @@ import jask.numpy as knp
 
 DIMS = (1, 2, 3, 5, 7, 8, 11, 13)
 TILES = (1, 2, 3, 4, 8)
-EXAMPLES = max(8, settings().max_examples * 4 // 15)     # ci: 8 (each compiles its kernels: ~3 s); long: 133
+EXAMPLES = max(8, settings().max_examples * 4 // 25)     # ci: 8 (each compiles its kernels: ~3 s); long: 80
 
 
 def _factorizations(n, rank):
