@@ -21,35 +21,30 @@ from jask.graph.op import CustomOp
 def merge_equal_nodes(order, prepared, live, root_ids) -> int:
     """Rewire the consumers in ``order`` (post-order: producers first) of equal nodes onto the first of them
     (roots keep their own node); returns how many nodes were merged away."""
-    group_of, members = {}, {}          # id(node) -> its set's number; number -> nodes, in order
-    keys = {}
+    kept = {}           # id(node) -> the first node equal to it in post-order (itself for that one)
+    first = {}          # key -> that first node
     for node in order:
-        key = _key(node, live(node), group_of, prepared)
-        if key is None:
-            continue
-        number = keys.setdefault(key, len(keys))
-        group_of[id(node)] = number
-        members.setdefault(number, []).append(node)
+        key = _key(node, live(node), kept, prepared)
+        if key is not None:
+            kept[id(node)] = first.setdefault(key, node)
     # the first of each set in post-order: no other node it is rewired into can be among its inputs (equal nodes
     # may read each other through inputs their forward ignores: logsumexp reads its own detached copy)
-    kept = {number: nodes[0] for number, nodes in members.items()}
     for node in order:
-        inputs = tuple(kept[group_of[id(i.resolved())]] if id(i.resolved()) in group_of else i
-                       for i in node.inputs)
+        inputs = tuple(kept.get(id(i.resolved()), i) for i in node.inputs)
         if any(a is not b for a, b in zip(inputs, node.inputs)):
             node.inputs = inputs
-    return sum(1 for number, nodes in members.items() for n in nodes
-               if n is not kept[number] and id(n) not in root_ids)
+    return sum(1 for node_id, k in kept.items() if id(k) != node_id and node_id not in root_ids)
 
 
-def _key(node, positions, group_of, prepared):
-    """What makes two applications equal (inputs by their set's number), or None where they are never merged."""
+def _key(node, positions, kept, prepared):
+    """What makes two applications equal (inputs by the first node equal to them), or None where they are
+    never merged."""
     if isinstance(prepared[id(node)].op, CustomOp) or getattr(node, "fixed_inputs", None) is not None:
         return None
     inputs = []
     for p in positions:
         i = node.inputs[p].resolved()
-        inputs.append((p, ("set", group_of[id(i)]) if id(i) in group_of else ("node", id(i))))
+        inputs.append((p, id(kept.get(id(i), i))))
     key = (node.spec, node.shape, str(node.dtype), tuple(inputs))
     try:
         hash(key)
