@@ -22,6 +22,12 @@ def _stores(tmp_path, n, seed=0):
     return arrays, [jask.from_zarr(tmp_path / f"{name}.zarr") for name in "ab"]
 
 
+def _window_input(monkeypatch, nbytes):
+    """Windows stop growing at ``nbytes`` of input on every platform (the CPU's and an accelerator's limits)."""
+    for platform in schedule.WINDOW_INPUT_BYTES:
+        monkeypatch.setitem(schedule.WINDOW_INPUT_BYTES, platform, nbytes)
+
+
 def _product(a, b):
     with jask.profile() as p:
         got = np.asarray(jask.dot(a, b))
@@ -47,10 +53,12 @@ def rectangles(monkeypatch):
 def test_a_product_in_bands_reads_each_panel_once_per_window(tmp_path, monkeypatch, rectangles):
     """512^2 in tiles of 64 (an 8 x 8 grid, 8 entries each), windows of a quarter of the output's panels:
     in bands the windows are 4 x 4 rectangles, one product of panels each, and read half the bytes (with
-    every tile read by the window that uses it: no tile kept for a later window)."""
+    every tile read by the window that uses it: no tile kept for a later window). On the xla backend, whose
+    programs the spy sees, also on a TPU or GPU."""
     jask.config.update("tile", 64)
+    jask.config.update("backend", "xla")
     monkeypatch.setattr(schedule, "keep_reads", lambda sched, limit: sched)
-    monkeypatch.setitem(schedule.WINDOW_INPUT_BYTES, "cpu", 8 * PANEL)
+    _window_input(monkeypatch, 8 * PANEL)
     (A, B), (a, b) = _stores(tmp_path, 512)
     in_bands, p = _product(a, b)
     assert rectangles and all(r == (16, 4, 4) for r in rectangles), rectangles
@@ -69,7 +77,7 @@ def test_kept_reads_read_a_products_inputs_once_in_either_order(tmp_path, monkey
     takes its row panels from the first, and row-major windows keep the column panels they share, so both
     orders read each input once (2 MiB; 4 MiB and more without the keep)."""
     jask.config.update("tile", 64)
-    monkeypatch.setitem(schedule.WINDOW_INPUT_BYTES, "cpu", 8 * PANEL)
+    _window_input(monkeypatch, 8 * PANEL)
     (A, B), (a, b) = _stores(tmp_path, 512)
     in_bands, p = _product(a, b)
     monkeypatch.setattr(schedule, "band_rows", lambda *args: 1)
@@ -81,7 +89,7 @@ def test_kept_reads_read_a_products_inputs_once_in_either_order(tmp_path, monkey
 
 def test_explain_predicts_the_reads_of_a_product_in_bands(tmp_path, monkeypatch):
     jask.config.update("tile", 64)
-    monkeypatch.setitem(schedule.WINDOW_INPUT_BYTES, "cpu", 8 * PANEL)
+    _window_input(monkeypatch, 8 * PANEL)
     _, (a, b) = _stores(tmp_path, 512)
     c = jask.dot(a, b)
     said = jask.explain(c)
@@ -93,7 +101,7 @@ def test_explain_predicts_the_reads_of_a_product_in_bands(tmp_path, monkeypatch)
 def test_bands_of_ragged_and_thin_products_match_numpy(tmp_path, monkeypatch, shape):
     """Edge tiles of other shapes (calls of their own) and a single block row (no bands) stay right."""
     jask.config.update("tile", 32)
-    monkeypatch.setitem(schedule.WINDOW_INPUT_BYTES, "cpu", 64 << 10)
+    _window_input(monkeypatch, 64 << 10)
     rng = np.random.default_rng(1)
     A, B = rng.standard_normal((shape[0], 96)).astype(np.float32), rng.standard_normal((96, shape[1])).astype(np.float32)
     got, p = _product(jask.from_numpy(A), jask.from_numpy(B))

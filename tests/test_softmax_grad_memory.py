@@ -15,6 +15,10 @@ import jask.nn
 from jask.exec import driver
 from jask.io import decoded_chunks
 
+# test_logsumexp_pass's tolerance for softmax gradients: a TPU v5e's exp is up to 58 ulp off, and one element
+# of 4096 came out 2.2e-5 relative off there (2026-12-07; 3e-6 absolute of -0.14 after cancellation)
+GRAD_RTOL = 1e-4
+
 
 def _pair(shape, seed=0):
     rng = np.random.default_rng(seed)
@@ -47,7 +51,7 @@ def test_softmax_gradient_plans_within_a_budget_its_windows_fit(small_tiles, axi
     assert [[p.prepared[id(n)].name for n in g] for g in p.groups] == [["stop_gradient"], ["grad[subtract]"], ["add"]]
     with jask.profile() as backward:
         got = np.asarray(grad)
-    np.testing.assert_allclose(got, _softmax_grad(x, b, axis), rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(got, _softmax_grad(x, b, axis), rtol=GRAD_RTOL, atol=1e-6)
     assert (forward.plans, backward.plans) == (1, 1)
     assert backward.kernel_calls == backward.windows >= 30       # the gradient's 6 x 5 tiles, at least
     # x and b twice each (the sums of s * b, then the gradient), plus a few 16-byte logsumexp tiles per window
@@ -68,7 +72,7 @@ def test_softmax_gradient_keeps_its_chunks_edge(tmp_path):
     decodes = decoded_chunks.live()["decodes"]
     with jask.profile() as backward:
         got = np.asarray(grad)
-    np.testing.assert_allclose(got, _softmax_grad(x, b, 1), rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(got, _softmax_grad(x, b, 1), rtol=GRAD_RTOL, atol=1e-6)
     assert decoded_chunks.live()["decodes"] == decodes
     assert backward.plans == 1 and backward.windows >= 4          # the gradient's 2 x 2 tiles, at least
     assert 4 * x.nbytes <= backward.bytes_read <= 4 * x.nbytes + x.nbytes // 4
