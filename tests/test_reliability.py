@@ -18,6 +18,7 @@ import json
 import os
 import queue
 import re
+import select
 import signal
 import subprocess
 import sys
@@ -42,6 +43,7 @@ sys.path.insert(0, HERE)
 import reliability_worker as rw  # noqa: E402
 
 ZYGOTES = 2
+REPLY_SECONDS = 300   # a request runs one scenario in a few seconds; past this its child is stuck
 
 
 def _hidden(folder):
@@ -81,6 +83,9 @@ class _Zygotes:
         try:
             p.stdin.write(json.dumps(req) + "\n")
             p.stdin.flush()
+            if not select.select([p.stdout], [], [], REPLY_SECONDS)[0]:   # a stuck child fails its test, named
+                p.kill()
+                raise RuntimeError(f"zygote gave no reply in {REPLY_SECONDS} s to {req}; log: {self.log_tail()}")
             line = p.stdout.readline()
             if not line:
                 raise RuntimeError(f"zygote exited; log: {self.log_tail()}")
@@ -484,10 +489,14 @@ def _fail_after(out, k, how):
 
 @pytest.mark.parametrize("how", ["error", "ctrl-c"])
 @pytest.mark.parametrize("scenario", ["resume", "resume-update"])
-def test_a_failed_resumable_write_keeps_its_chunks_for_the_next_one(tmp_path, how, scenario):
+def test_a_failed_resumable_write_keeps_its_chunks_for_the_next_one(tmp_path, request, how, scenario):
     """to_zarr / update_ with resume=True that fail with an exception (an I/O error, Ctrl-C) keep their
     journaled chunks, as a kill does: a note on the exception says how many and how to continue; the next
     call with resume=True computes only the rest, and a write without resume=True removes them, warning."""
+    # Ctrl-C is a KeyboardInterrupt only under Python's SIGINT handler: a shell's background job starts with
+    # SIGINT ignored, and the simulated interrupt was then dropped (pytest run as `... &` failed here)
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
+    request.addfinalizer(lambda: signal.signal(signal.SIGINT, previous))
     jask.config.update("tile", rw.RESUME_TILE)
     d = str(tmp_path)
     rw.make_inputs(scenario, d)
