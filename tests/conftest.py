@@ -26,7 +26,7 @@ if jax.default_backend() != "cpu":
 collect_ignore = ["memory_worker.py", "pytest_main.py"]
 
 # Hypothesis profiles (tests/test_properties.py): "ci" by default, bounded and the same examples every
-# run; "long" by JASK_HYPOTHESIS_PROFILE=long or --hypothesis-profile=long, 500 examples (ci: 20) and new ones
+# run; "long" by JASK_HYPOTHESIS_PROFILE=long or --hypothesis-profile=long, 500 examples (ci: 12) and new ones
 # each run (a failure prints the @reproduce_failure blob that replays it). Nothing is written into the
 # repository: no example database, and Hypothesis's own files (constants cache, patches of failing
 # examples) go to a temporary folder removed at exit.
@@ -36,7 +36,7 @@ set_hypothesis_home_dir(_hypothesis_home)
 _HYPOTHESIS = dict(database=None, deadline=None, print_blob=True,
                    suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture,
                                           HealthCheck.data_too_large])
-settings.register_profile("ci", max_examples=20, derandomize=True, **_HYPOTHESIS)
+settings.register_profile("ci", max_examples=12, derandomize=True, **_HYPOTHESIS)
 settings.register_profile("long", max_examples=500, derandomize=False, **_HYPOTHESIS)
 settings.load_profile(os.environ.get("JASK_HYPOTHESIS_PROFILE", "ci"))
 

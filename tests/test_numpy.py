@@ -372,7 +372,8 @@ def test_array_methods_and_unknown_attributes(small_tiles):
     assert a.itemsize == r.itemsize == 4 and jax.jit(lambda x: x.itemsize)(a) == 4
     np.testing.assert_array_equal(np.asarray(knp.ravel(a)), np.ravel(A))
     loss = lambda m: lambda x: m.sum(x.mT.flatten() * x.clip(-0.5, 0.5).ravel()[: x.size])
-    got = jax.grad(loss(knp))(a)
+    jask.config.update("tile", 8)   # the gradients of reshapes across tiles are the OPS table's (test_ops.py):
+    got = jax.grad(loss(knp))(a)    # at tile 4 this line took 11-15 s, 7.5 s of it compiling gathers
     np.testing.assert_allclose(np.asarray(got), jax.grad(loss(jnp))(r), rtol=1e-5, atol=1e-6)
     with pytest.raises(AttributeError, match="DiskArray.tolist is not supported on DiskArrays"):
         a.tolist()

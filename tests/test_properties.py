@@ -26,7 +26,7 @@ most one unit roundoff ``u`` of it (``k u`` for a contraction of length
 ``tiny`` covers flushed subnormals). Gradients use the gradient of the bound
 (a NumPy reverse pass, so the oracle shares no code with JAX's autodiff).
 
-Profiles (registered in ``conftest.py``): ``ci`` (default) runs 20 examples
+Profiles (registered in ``conftest.py``): ``ci`` (default) runs 12 examples
 of the xla property and 4 of the pallas-interpret one, the same ones every
 run; ``JASK_HYPOTHESIS_PROFILE=long`` (or ``--hypothesis-profile=long``)
 runs 500 and 100, new ones each run. Neither keeps an example database.
@@ -556,4 +556,4 @@ def test_profile_is_bounded_and_private():
     s = settings()
     assert s.database is None and s.deadline is None
     if os.environ.get("JASK_HYPOTHESIS_PROFILE", "ci") == "ci":
-        assert s.derandomize and s.max_examples == 20 and PALLAS_EXAMPLES == 4
+        assert s.derandomize and s.max_examples == 12 and PALLAS_EXAMPLES == 4
