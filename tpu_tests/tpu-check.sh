@@ -20,6 +20,8 @@
 # Also: lse (tpu_tests/lse_probe.py: jask's logsumexp/softmax against float64 beside jax.nn on the chip and the host,
 # the chip's exp/log/log1p in ulps; tpu_tests/fold_probe.py: logsumexp's error against the number of folded blocks;
 # then tests/test_logsumexp_pass.py, LSE_CAP 150 s).
+# Also: testslice (tests TS_FROM to TS_TO, 1-based, of tests1's collection order, TS_CAP seconds; a test stuck
+# past TS_STUCK seconds gets every thread's stack dumped: on 2026-12-07 tests1 reached test 452 of 1060 in 530 s).
 # Also: matmul (tpu_tests/matmul_probe.py 8192: the TPU matmul inner blocks against jnp) and hwslice (tests HW_FROM
 # to HW_TO, 1-based, of `pytest tpu_tests --co` order, HW_CAP seconds: on 2026-12-06 tests 1-265 of that order ran
 # after the scalar-prefetch change, so HW_FROM=266 HW_TO=325 runs the 60 OPS-table rows left). To run your own commands after `env`, append to PYTHONPATH
@@ -114,6 +116,13 @@ if want tests1; then
   el tests1; timeout -s INT -k 20 ${TESTS1_CAP:-420} python3 -m pytest ${TESTS1_FILES:-tests} -q -o addopts="" -p no:cacheprovider -rfE --durations=15 -m "not slow" \
     --ignore=tests/test_kernels.py --ignore=tests/test_ops.py --ignore=tests/test_properties.py > "$OUT/tests1.log" 2>&1
   echo "rc=$?" >> "$OUT/tests1.log"
+fi
+if want testslice; then
+  el testslice; python3 -m pytest tests --co -q -o addopts="" -p no:cacheprovider -m "not slow" --ignore=tests/test_kernels.py \
+    --ignore=tests/test_ops.py --ignore=tests/test_properties.py 2>/dev/null | grep "::" | sed -n "${TS_FROM:-1},${TS_TO:-100000}p" > /tmp/testslice.txt
+  timeout -s INT -k 20 ${TS_CAP:-400} python3 -m pytest @/tmp/testslice.txt -q -o addopts="" -p no:cacheprovider -rfE --durations=10 \
+    -o faulthandler_timeout=${TS_STUCK:-300} > "$OUT/testslice.log" 2>&1
+  echo "rc=$? ($(wc -l < /tmp/testslice.txt) tests selected)" >> "$OUT/testslice.log"
 fi
 if want tests2; then
   el tests2; timeout -s INT -k 20 ${TESTS2_CAP:-400} python3 -m pytest ${TESTS2_FILES:-tests/test_ops.py tests/test_kernels.py} -q -o addopts="" -p no:cacheprovider \
