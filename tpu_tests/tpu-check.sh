@@ -40,6 +40,13 @@ PIP_CONFIG_FILE=/dev/null python3 -m pip install --isolated -q --no-index --no-d
 export PYTHONPATH=${PYTHONPATH:-}:/tmp/site:$ROOT
 SCR=$HOME/jaskscr; mkdir -p $SCR; export JASK_SCRATCH_DIR=$SCR/scratch
 T0=$(date +%s); el(){ echo "== $1 at +$(( $(date +%s) - T0 ))s" | tee -a "$OUT/env.log"; }
+# tests1's selection within tests/ (testslice numbers the same tests)
+SUITE=(-m "not slow" --ignore=tests/test_kernels.py --ignore=tests/test_ops.py --ignore=tests/test_properties.py)
+# run_slice NAME FROM TO CAP "RUN FLAGS" SELECTION...: tests FROM to TO (1-based) of SELECTION's collection order
+run_slice(){ local name=$1 from=$2 to=$3 cap=$4 flags=$5; shift 5
+  python3 -m pytest "$@" --co -q -o addopts="" -p no:cacheprovider 2>/dev/null | grep "::" | sed -n "${from},${to}p" > /tmp/$name.txt
+  timeout -s INT -k 20 $cap python3 -m pytest @/tmp/$name.txt -q -o addopts="" -p no:cacheprovider -rfE $flags > "$OUT/$name.log" 2>&1
+  echo "rc=$? ($(wc -l < /tmp/$name.txt) tests selected)" >> "$OUT/$name.log"; }
 if want env; then
   { el env; nproc; free -g | head -2; df -h $HOME /tmp | cat; python3 -c 'import platform; print(platform.libc_ver())'
     python3 -c "import jax,jaxlib,zarr,optax; print('jax',jax.__version__,'jaxlib',jaxlib.__version__,'zarr',zarr.__version__,'optax',optax.__version__, jax.devices())"
@@ -80,10 +87,7 @@ if want matmul; then
   echo "rc=$?" >> "$OUT/matmul.log"
 fi
 if want hwslice; then
-  el hwslice; python3 -m pytest tpu_tests --co -q -o addopts="" -p no:cacheprovider 2>/dev/null | grep "::" \
-    | sed -n "${HW_FROM:-1},${HW_TO:-100000}p" > /tmp/hwslice.txt
-  timeout -s INT -k 20 ${HW_CAP:-300} python3 -m pytest @/tmp/hwslice.txt -q -o addopts="" -p no:cacheprovider -rfE > "$OUT/hwslice.log" 2>&1
-  echo "rc=$? ($(wc -l < /tmp/hwslice.txt) tests selected)" >> "$OUT/hwslice.log"
+  el hwslice; run_slice hwslice ${HW_FROM:-1} ${HW_TO:-100000} ${HW_CAP:-300} "" tpu_tests
 fi
 if want scale; then
   el scale; JAX_PLATFORMS=cpu timeout ${SCALE_CAP:-240} python3 -m jask.bench --workload=sum --gib=0.5,2 --cache=warm --peers=raw-io \
@@ -113,16 +117,13 @@ if want lse; then
     > "$OUT/lse.log" 2>&1
 fi
 if want tests1; then
-  el tests1; timeout -s INT -k 20 ${TESTS1_CAP:-420} python3 -m pytest ${TESTS1_FILES:-tests} -q -o addopts="" -p no:cacheprovider -rfE --durations=15 -m "not slow" \
-    --ignore=tests/test_kernels.py --ignore=tests/test_ops.py --ignore=tests/test_properties.py > "$OUT/tests1.log" 2>&1
+  el tests1; timeout -s INT -k 20 ${TESTS1_CAP:-420} python3 -m pytest ${TESTS1_FILES:-tests} "${SUITE[@]}" -q -o addopts="" -p no:cacheprovider \
+    -rfE --durations=15 > "$OUT/tests1.log" 2>&1
   echo "rc=$?" >> "$OUT/tests1.log"
 fi
 if want testslice; then
-  el testslice; python3 -m pytest tests --co -q -o addopts="" -p no:cacheprovider -m "not slow" --ignore=tests/test_kernels.py \
-    --ignore=tests/test_ops.py --ignore=tests/test_properties.py 2>/dev/null | grep "::" | sed -n "${TS_FROM:-1},${TS_TO:-100000}p" > /tmp/testslice.txt
-  timeout -s INT -k 20 ${TS_CAP:-400} python3 -m pytest @/tmp/testslice.txt -q -o addopts="" -p no:cacheprovider -rfE --durations=10 \
-    -o faulthandler_timeout=${TS_STUCK:-300} > "$OUT/testslice.log" 2>&1
-  echo "rc=$? ($(wc -l < /tmp/testslice.txt) tests selected)" >> "$OUT/testslice.log"
+  el testslice; run_slice testslice ${TS_FROM:-1} ${TS_TO:-100000} ${TS_CAP:-400} \
+    "--durations=10 -o faulthandler_timeout=${TS_STUCK:-300}" tests "${SUITE[@]}"
 fi
 if want tests2; then
   el tests2; timeout -s INT -k 20 ${TESTS2_CAP:-400} python3 -m pytest ${TESTS2_FILES:-tests/test_ops.py tests/test_kernels.py} -q -o addopts="" -p no:cacheprovider \
