@@ -336,6 +336,7 @@ def test_benchmark_compares_panels_on_and_off_in_one_run():
     assert bad.returncode != 0 and "--panels takes on, off or on,off; got 'maybe'" in bad.stderr
 
 
+@pytest.mark.slow
 def test_benchmark_compares_bands_on_and_off_in_one_run():
     """``--path=jask --bands=on,off``: the whole pipeline both ways, the bytes each read printed; a 2048^2
     product in tiles of 256 takes 4 windows in bands, 10 row-major (16 MiB windows), and either reads its

@@ -53,6 +53,7 @@ def test_softmax_reads_its_input_twice(small_tiles, axis):
                                rtol=1e-5, atol=1e-5)
 
 
+@pytest.mark.slow
 def test_logsumexp_at_infinities_and_in_other_dtypes(small_tiles):
     """All -inf slices give -inf, +inf gives inf, NaN propagates (as jax.nn.logsumexp); float16 and bfloat16
     keep their dtype (computed in float32), integers give float32."""

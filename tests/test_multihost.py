@@ -354,6 +354,7 @@ def check_files(data, outs, n, tmp_path):
         np.testing.assert_array_equal(np.array(o["S_after"], np.float32), S * 2 + one)
 
 
+@pytest.mark.slow
 def test_two_processes_share_every_pass(tmp_path):
     data, outs = run_processes(tmp_path, 2)
     check(data, outs, 2, tmp_path)
@@ -385,6 +386,7 @@ def test_a_process_killed_mid_pass_leaves_the_old_store_and_a_named_error(tmp_pa
 MOTO_MISSING = s3server.moto_missing()
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(MOTO_MISSING is not None, reason=f"S3 tests: {MOTO_MISSING}")
 def test_two_processes_share_store_url_outputs_and_a_lost_one_leaves_the_old_version(tmp_path):
     """to_zarr and update_ to s3:// URLs (a moto server on loopback): each process writes its half of the

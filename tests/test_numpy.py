@@ -280,6 +280,7 @@ def test_broadcast_to_and_full_with_a_traced_array_refuse_clearly(small_tiles):
             jax.jit(f)(v)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("dtype", [jnp.float16, jnp.bfloat16], ids=["float16", "bfloat16"])
 def test_low_precision_reductions_accumulate_in_float32(small_tiles, dtype):
     """jnp sums float16/bfloat16 in float32 and casts back: 2000 x 100 must not overflow a mean to inf, and
@@ -306,6 +307,7 @@ def test_low_precision_reductions_accumulate_in_float32(small_tiles, dtype):
     np.testing.assert_allclose(np.asarray(got).astype(np.float32), np.asarray(want).astype(np.float32), rtol=1e-2)
 
 
+@pytest.mark.slow
 def test_bitwise_operators_and_functions_match_jnp(small_tiles):
     """``~ & | ^ << >> %`` (and reflected) on int and bool arrays, the jnp bitwise names, eager and under jit
     with a traced scalar on the left; a float operand is refused as in jnp."""
@@ -359,6 +361,7 @@ def test_any_all_match_jnp(small_tiles, axis, keepdims):
             np.testing.assert_array_equal(np.asarray(got), np.asarray(want))
 
 
+@pytest.mark.slow
 def test_array_methods_and_unknown_attributes(small_tiles):
     """flatten, ravel, clip, round, itemsize, mT as on jax arrays (eager and jit, with gradients); any other
     attribute says it is not supported on DiskArrays."""

@@ -520,6 +520,7 @@ def _record(prog: Program, backend: str, mode: str) -> None:
         event("shared value or input")
 
 
+@pytest.mark.slow
 @PROPERTY
 @given(prog=programs(), mode=MODES)
 def test_compositions_xla(prog, mode):
@@ -527,6 +528,7 @@ def test_compositions_xla(prog, mode):
     _check(prog, "xla", mode)
 
 
+@pytest.mark.slow
 @settings(PROPERTY, max_examples=PALLAS_EXAMPLES)
 @given(prog=programs(max_rank=2, max_depth=3, max_tiles_per_axis=2), mode=MODES)
 def test_compositions_pallas_interpret(prog, mode):

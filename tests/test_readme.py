@@ -102,6 +102,7 @@ def test_readme_blocks_are_runnable_or_say_why_not():
     assert not indented, f"indented code blocks are not run by this test; fence them: {indented}"
 
 
+@pytest.mark.slow
 def test_readme_runs_verbatim(tmp_path):
     """Every runnable block, in order, in an empty folder; afterwards the folder is empty again. $TMPDIR is
     on tmpfs where /dev/shm is one (the default scratch folder must then move to the user cache directory),

@@ -17,6 +17,7 @@ import math
 
 import jax
 import numpy as np
+import pytest
 from hypothesis import assume, given, note, settings
 from hypothesis import strategies as st
 
@@ -119,12 +120,14 @@ def _check(case, tile, mode, backend):
 MODES = st.sampled_from(["eager", "jit"])
 
 
+@pytest.mark.slow
 @settings(max_examples=EXAMPLES)
 @given(case=cases(), tile=st.sampled_from(TILES), mode=MODES)
 def test_shape_ops_xla(case, tile, mode):
     _check(case, tile, mode, "xla")
 
 
+@pytest.mark.slow
 @settings(max_examples=max(2, EXAMPLES // 4))
 @given(case=cases(), tile=st.sampled_from((2, 4)), mode=MODES)
 def test_shape_ops_pallas_interpret(case, tile, mode):

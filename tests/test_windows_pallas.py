@@ -340,6 +340,7 @@ def test_gate_reports_a_refusal_as_a_refusal():
     assert lowering.check(case, "cuda").status == "refused"
 
 
+@pytest.mark.slow
 def test_quick_gate_passes():
     out = subprocess.run([sys.executable, "-m", "jask.bench.lowering", "--quick", "--platforms=cuda,tpu"],
                          capture_output=True, text=True, timeout=600)
