@@ -30,6 +30,7 @@ from jask.linalg.square import Square
 from jask.linalg.sub import Sub
 from jask.linalg.sum import Sum
 from jask.linalg.transpose import Transpose
+from jask.ops.reductions import Any
 from jask.plan.fusion import LEAF, STEP, EntryProgram, FusedTileOp
 
 TINY = Limits(tpu_pointwise_bytes=2048, tpu_matmul_edge=16, triton_pointwise_elems=128,
@@ -236,6 +237,13 @@ def test_refusals_found_compiling_on_a_tpu():
         legality.plan(Dot(), int_dot, i32, "tpu")
     assert legality.plan(Dot(), int_dot, i32, "gpu").kind == "matmul"
     assert legality.plan(Add(), _spec([(8, 128)] * 2, i32, (1, 1), 1, 1, (8, 128)), i32, "tpu").kind == "pointwise"
+    boolean = np.dtype(np.bool_)
+    any_all = Any(axes=(0, 1), shape=(16, 256), grid=(2, 2))        # a full reduction: one bool element
+    with pytest.raises(WindowNotLegal, match="no tpu lowering for bool scalars"):
+        legality.plan(any_all, _spec([(8, 128)], boolean, (4,), 1, 4, ()), boolean, "tpu")
+    assert legality.plan(any_all, _spec([(8, 128)], boolean, (4,), 1, 4, ()), boolean, "gpu").kind == "general"
+    along = Any(axes=(0,), shape=(16, 256), grid=(2, 2))             # one bool per column: ran on the chip
+    assert legality.plan(along, _spec([(8, 128)], boolean, (4,), 1, 2, (128,)), boolean, "tpu").kind == "general"
     for narrow in (np.dtype(np.int8), np.dtype(np.uint8)):
         with pytest.raises(WindowNotLegal, match=f"{narrow} vectors"):
             legality.plan(Add(), _spec([(8, 128)] * 2, narrow, (1, 1), 1, 1, (8, 128)), narrow, "tpu")

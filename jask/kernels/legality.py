@@ -270,6 +270,10 @@ UNLOWERABLE = {"tpu": frozenset({"reduce_prod", "gather"} | _TPU_ONLY), "gpu": f
 # and vector<i32> are supported, but got 'i8'", at the first call of a max and of an elementwise program).
 UNLOADABLE_DTYPES = {"tpu": frozenset({"float16", "int64", "uint64", "float64", "complex128", "int8", "uint8"}),
                      "gpu": frozenset()}
+# A bool result of one element (the full reduction of any/all, out block ()): on a TPU v5e (2026-12-07,
+# fifteenth session) Mosaic refused its window program ("Only 32-bit scalar vector.extracts supported"),
+# and the joined window holding it; bool results along an axis (out blocks (4,), (4, 1)) compiled and ran.
+SCALAR_REFUSED_DTYPES = {"tpu": frozenset({"bool"}), "gpu": frozenset()}
 
 
 def _all_eqns(jaxpr):
@@ -296,7 +300,8 @@ def _integer_dot(jaxpr) -> bool:
 
 def unlowerable(op, spec, acc_dtype, target: str) -> str | None:
     """What of ``op``'s program Pallas cannot lower on ``target`` (None if all can): the first such
-    primitive (or ``"integer dot_general"``), else a dtype it cannot load, as ``"<dtype> vectors"``."""
+    primitive (or ``"integer dot_general"``), else a result dtype it cannot reduce to one element, as
+    ``"<dtype> scalars"``, else a dtype it cannot load, as ``"<dtype> vectors"``."""
     import jax
     fwd = jax.make_jaxpr(op.forward_block)(*spec.leaf_structs).jaxpr
     acc = jax.ShapeDtypeStruct(spec.out_block, acc_dtype)
@@ -306,6 +311,8 @@ def unlowerable(op, spec, acc_dtype, target: str) -> str | None:
         return bad[0]
     if target == "tpu" and _integer_dot(fwd):
         return "integer dot_general"
+    if spec.out_block == () and str(acc_dtype) in SCALAR_REFUSED_DTYPES.get(target, frozenset()):
+        return f"{acc_dtype} scalars"
     dtypes = {str(x.dtype) for x in spec.leaf_structs} | {str(acc_dtype)}
     dtypes |= {str(v.aval.dtype) for v in fwd.outvars if hasattr(v, "aval")}
     unloadable = sorted(dtypes & UNLOADABLE_DTYPES.get(target, frozenset()))
