@@ -32,6 +32,7 @@ def pytest_collection_modifyitems(items):
     running a 28 s test while the other had finished (CI on 2026-12-07: the workers ended 33 s apart)."""
     items.sort(key=lambda item: item.get_closest_marker("slow") is None)
 
+
 # Hypothesis profiles (tests/test_properties.py): "ci" by default, bounded and the same examples every
 # run; "long" by JASK_HYPOTHESIS_PROFILE=long or --hypothesis-profile=long, 500 examples (ci: 12) and new ones
 # each run (a failure prints the @reproduce_failure blob that replays it). Nothing is written into the

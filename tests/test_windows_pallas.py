@@ -242,7 +242,7 @@ def test_refusals_found_compiling_on_a_tpu():
     with pytest.raises(WindowNotLegal, match="no tpu lowering for bool scalars"):
         legality.plan(any_all, _spec([(8, 128)], boolean, (4,), 1, 4, ()), boolean, "tpu")
     assert legality.plan(any_all, _spec([(8, 128)], boolean, (4,), 1, 4, ()), boolean, "gpu").kind == "general"
-    along = Any(axes=(0,), shape=(16, 256), grid=(2, 2))             # one bool per column: ran on the chip
+    along = Any(axes=(0,), shape=(16, 256), grid=(2, 2))             # one bool per column: compiled on the chip
     assert legality.plan(along, _spec([(8, 128)], boolean, (4,), 1, 2, (128,)), boolean, "tpu").kind == "general"
     for narrow in (np.dtype(np.int8), np.dtype(np.uint8)):
         with pytest.raises(WindowNotLegal, match=f"{narrow} vectors"):
