@@ -18,7 +18,6 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 import numpy as np
-from jax import lax
 
 from jask.graph.op import BlockParallelOp
 from jask.hijax.array import is_disk_array, type_of
@@ -56,9 +55,9 @@ class Take(BlockParallelOp):
     def forward_block(self, x, rows, idx):
         local = idx.reshape(-1) - rows.reshape(-1)[0]
         inside = (local >= 0) & (local < x.shape[self.axis])
-        # clamped into the tile first, so take's "clip" adds no index code of its own (its default "fill" does)
-        last = np.array(x.shape[self.axis] - 1, local.dtype)
-        taken = jnp.take(x, lax.clamp(np.zeros((), local.dtype), local, last), axis=self.axis, mode="clip")
+        # rows outside the tile are masked below, so "clip" only keeps indices in bounds (jnp's default "fill"
+        # adds code to fill them, and the clip of an explicit clamp would be a second one)
+        taken = jnp.take(x, local, axis=self.axis, mode="clip")
         mask = inside.reshape([-1 if a == self.axis else 1 for a in range(x.ndim)])
         return jnp.where(mask, taken, jnp.zeros((), x.dtype))
 

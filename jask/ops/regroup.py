@@ -126,9 +126,9 @@ class Regroup(BlockParallelOp):
         rows = [o.reshape([-1 if a == k else 1 for a in range(nout)]) for k, o in enumerate(iotas[nin:])]
         tile = tuple(int(o.size) for o in iotas[nin:])
         local, valid = [jnp.zeros((), jnp.int32)] * nin, jnp.ones((), bool)
-        # Offsets are never negative and indices are clamped into the tile, so lax's rem, div and clamp and a
-        # gather that neither wraps nor checks them give jnp's results in less HLO (a window of 14 tiles of a
-        # (3, 5, 7) -> (15, 7) reshape: 1645 -> 1307 lines, 0.62 -> 0.41 s to compile on this CPU).
+        # Offsets in the group are never negative, so lax's rem and div give jnp's % and //; an element outside
+        # this tile is masked by ``valid``, so the gather only needs in-bounds indices, which its "clip" mode
+        # makes (natively: no wrap of negatives, no clip of its own). Less HLO than jnp's forms, same values.
         for gin, gout in self.groups:
             flat = jnp.zeros((), jnp.int32)
             for k in gout:
@@ -138,9 +138,8 @@ class Regroup(BlockParallelOp):
                 offset = lax.rem(flat, size) - starts[k]
                 flat = lax.div(flat, size)
                 valid = valid & (offset >= 0) & (offset < x.shape[k])
-                local[k] = lax.clamp(np.int32(0), offset, np.int32(x.shape[k] - 1))
-        taken = x.at[tuple(jnp.broadcast_to(v, tile) for v in local)].get(mode="promise_in_bounds",
-                                                                           wrap_negative_indices=False)
+                local[k] = offset
+        taken = x.at[tuple(jnp.broadcast_to(v, tile) for v in local)].get(mode="clip", wrap_negative_indices=False)
         return jnp.where(jnp.broadcast_to(valid, tile), taken, jnp.zeros((), x.dtype))
 
     def combine(self, acc, partial):
