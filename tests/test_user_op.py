@@ -328,3 +328,28 @@ def test_unfused_user_op_result_reused(small_tiles):
     c = cube(a)
     total = jask.sum(c + jask.square(c))
     np.testing.assert_allclose(float(total), float(np.sum(A ** 3 + A ** 6)), rtol=1e-4)
+
+
+class _Results(Cube):
+    """A forward_block returning ``self.result`` (a mistake, in each test)."""
+
+    def __init__(self, result=None):
+        self.result = result
+
+    def forward_block(self, a_block):
+        return {"pair": (a_block, a_block), "rows": a_block[:1], "list": [a_block]}[self.result]
+
+
+@pytest.mark.parametrize("result, error, says", [
+    ("pair", TypeError, r"_results.forward_block must return one array \(an op has one output\), got a tuple of 2"),
+    ("list", TypeError, r"_results.forward_block must return one array .*got a list of 1"),
+    ("rows", ValueError, r"_results.forward_block returned a block of shape \(1, 4\) for output tile \(0, 0\) from "
+                         r"input blocks of shapes \[\(4, 4\)\]; that output tile has shape \(4, 4\)")])
+def test_forward_block_results_are_checked_when_called(small_tiles, result, error, says):
+    """A forward_block of the wrong kind is named at the op's call, before any sink reads data (a tuple
+    failed inside the kernel layer with an AttributeError about ``dtype``; a wrong shape at the sink)."""
+    a = jask.from_numpy(_rand((5, 7), 9))
+    with pytest.raises(error, match=says):
+        make_op(_Results)(a, result=result)
+    with pytest.raises(error, match=says):
+        jax.jit(lambda a: jask.sum(make_op(_Results)(a, result=result)))(a)

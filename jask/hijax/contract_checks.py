@@ -8,9 +8,10 @@ from __future__ import annotations
 
 import itertools
 
+import jax
 import numpy as np
 
-from jask.graph.tiling import grid
+from jask.graph.tiling import block_at, grid
 
 
 def check_index_map(name: str, op, tiled_inputs, out_shape, tile: int) -> None:
@@ -25,6 +26,28 @@ def check_index_map(name: str, op, tiled_inputs, out_shape, tile: int) -> None:
                                  f"of one block index per input ({len(tiled_inputs)} here)")
             for j, (block, t) in enumerate(zip(entry, tiled_inputs)):
                 _check_block(name, out_idx, j, block, t.grid)
+
+
+def check_forward_block(name: str, op, tiled_inputs, out_shape, tile: int) -> None:
+    """Trace ``op.forward_block`` (no data) on the blocks of the first output tile's first entry: it must
+    return one array of that output tile's shape. Otherwise a tuple fails deep in a kernel, and a wrong
+    shape only once the tile's data was read."""
+    out_idx = tuple(0 for _ in out_shape)
+    entry = next(iter(op.index_map(out_idx)), None)
+    if entry is None:
+        return                                  # a tile without entries is zeros: nothing to trace
+    structs = [jax.ShapeDtypeStruct(block_at(t.shape, block, tile), t.dtype) for t, block in zip(tiled_inputs, entry)]
+    result = jax.eval_shape(op.forward_block, *structs)
+    if not isinstance(result, jax.ShapeDtypeStruct):
+        kind = f"a {type(result).__name__} of {len(result)}" if isinstance(result, (tuple, list)) \
+            else type(result).__name__
+        raise TypeError(f"{name}.forward_block must return one array (an op has one output), got {kind} for output "
+                        f"tile {out_idx}")
+    expected = block_at(out_shape, out_idx, tile)
+    if tuple(result.shape) != expected:
+        raise ValueError(f"{name}.forward_block returned a block of shape {tuple(result.shape)} for output tile "
+                         f"{out_idx} from input blocks of shapes {[s.shape for s in structs]}; that output tile "
+                         f"has shape {expected} (output {tuple(out_shape)} in tiles of edge {tile})")
 
 
 def _check_block(name, out_idx, j, block, input_grid) -> None:

@@ -44,7 +44,7 @@ from jask.graph.nodes import OpSpec, StoredNode
 from jask.graph.op import BlockParallelOp, CustomOp, _Op
 from jask.hijax import compat, runtime
 from jask.hijax.array import DiskArray, is_disk_array, type_of, zeros_node
-from jask.hijax.contract_checks import check_index_map
+from jask.hijax.contract_checks import check_forward_block, check_index_map
 from jask.hijax.primitives import OpPrimitive, call_time_inputs, output_type
 
 
@@ -155,6 +155,21 @@ def empty_result(name, cls, out):
     return DiskArray(node=zeros_node(out.shape, out.dtype))
 
 
+_CONTRACT_CHECKED: set = set()
+
+
+def _check_contract(name, spec, op, tiled, out_shape, tile):
+    """The index_map and forward_block checks, once per op and tiling (tracing ``forward_block`` costs ~1 ms)."""
+    key = (spec, tuple(tiled), out_shape, tile)
+    if key in _CONTRACT_CHECKED:
+        return
+    check_index_map(name, op, tiled, out_shape, tile)
+    check_forward_block(name, op, tiled, out_shape, tile)
+    if len(_CONTRACT_CHECKED) > 4096:
+        _CONTRACT_CHECKED.clear()
+    _CONTRACT_CHECKED.add(key)
+
+
 def make_op(cls, doc: str | None = None, name: str | None = None):
     """Turn a :class:`BlockParallelOp` subclass into a public function.
 
@@ -187,7 +202,7 @@ def make_op(cls, doc: str | None = None, name: str | None = None):
                 raise NotImplementedError(f"{op_name}: a CustomOp's output has at least one axis (its output_shape "
                                           "returned ()); return shape (1,) and index the result")
         else:
-            check_index_map(op_name, built, tiled, out.shape, tile)
+            _check_contract(op_name, spec, built, tiled, out.shape, tile)
         return OpPrimitive(spec, types, out)(*inputs)
 
     op.__name__ = op.__qualname__ = op_name
