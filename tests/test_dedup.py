@@ -86,3 +86,29 @@ def test_roots_stay_and_inputs_kept_only_for_gradients_do_not_tell_nodes_apart(s
     np.testing.assert_allclose(np.asarray(out1), A.sum(axis=1), rtol=1e-5)
     np.testing.assert_array_equal(np.asarray(out1), np.asarray(out2))
     np.testing.assert_array_equal(np.asarray(out3), A.max(axis=1))
+
+
+REDUCTIONS = {"max": (knp.max, jnp.max, 3), "min": (knp.min, jnp.min, 3),   # result, count of maxima, gradient
+              "logsumexp": (jnn.logsumexp, jax.nn.logsumexp, 2)}           # result, gradient
+
+
+@pytest.mark.parametrize("case, axis, keepdims, mode", [
+    ("max", 1, False, "eager"), ("max", None, True, "jit"), ("min", 0, False, "jit"),
+    ("logsumexp", 1, False, "jit"), ("logsumexp", None, False, "eager"), ("logsumexp", 0, True, "eager")])
+def test_a_gradient_through_a_reduction_reads_its_input_as_often_with_or_without_keepdims(stored, case, axis,
+                                                                                          keepdims, mode):
+    """Without keepdims the result was a second reduction beside its keepdims reference (one pass over x more);
+    with keepdims the backward recomputed the result its residual named, though an equal node was stored.
+    Now max and min read x three times (their maxima, the count of them, the gradient), logsumexp twice."""
+    A, x = stored
+    red, red_jnp, passes = REDUCTIONS[case]
+    V = np.random.default_rng(2).standard_normal(np.shape(red_jnp(A, axis=axis, keepdims=keepdims)))
+    V = V.astype(np.float32)
+    v = jask.from_numpy(V) if V.ndim else V
+    loss = lambda x: knp.sum(red(x, axis=axis, keepdims=keepdims) * v)           # noqa: E731
+    grad = jax.grad(loss) if mode == "eager" else jax.jit(jax.grad(loss))
+    got, reads = _read(grad, x)
+    want = jax.grad(lambda x: jnp.sum(red_jnp(x, axis=axis, keepdims=keepdims) * V))(jnp.asarray(A))
+    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
+    small = 16 * 4 * max(A.shape)      # results, counts and weights of a row or column, read back
+    assert passes * A.nbytes <= reads <= passes * A.nbytes + small, (reads / A.nbytes, passes)

@@ -33,9 +33,10 @@ from jask.plan.walk import nbytes
 RELEASE_AFTER_BYTES = 16 << 20     # after a run projected at this or more, return freed memory (run())
 
 
-def make_plan(roots) -> Plan:
-    """The plan :func:`run` would execute for ``roots`` (the planner, told what each plan reads)."""
-    return plan(roots, lambda p: planned_io(p)[0])
+def make_plan(roots, stored_later=()) -> Plan:
+    """The plan :func:`run` would execute for ``roots`` (the planner, told what each plan reads), with
+    ``stored_later`` among them: stored to scratch only for a later run (:func:`store_with_next_run`)."""
+    return plan(roots, lambda p: planned_io(p)[0], stored_later)
 
 
 def explain(nodes) -> str:
@@ -149,7 +150,7 @@ def run(roots, make_sinks=None, drop_optional: bool = False):
     extra = _take_deferred(roots, drop_optional)
     p = None
     try:
-        p = make_plan(roots + extra)
+        p = make_plan(roots + extra, extra)
         # Inside jit this runs in io_callback, whose default device is the host CPU: name ours.
         devices = usable_devices()
         with jax.default_device(devices[0]):

@@ -115,6 +115,7 @@ class OpNode(Node):
         self.spec = spec
         self.inputs = tuple(inputs)
         self.result: StoredNode | None = None
+        self._equal: list | None = None     # weak references to nodes found equal to this one
 
     def resolved(self) -> Node:
         return self.result if self.result is not None else self
@@ -122,6 +123,19 @@ class OpNode(Node):
     def set_result(self, stored: StoredNode) -> None:
         self.result = stored
         self.inputs = ()
+        for ref in self._equal or ():
+            other = ref()
+            if other is not None and other.result is None:
+                other.set_result(stored)
+        self._equal = None
+
+    def stands_for(self, other: "OpNode") -> None:
+        """``other`` holds the same values (:mod:`jask.plan.dedup`): it takes this node's stored result when
+        there is one, so a later run that reaches ``other`` (a gradient's residual) reads it, not recomputes."""
+        if self.result is not None:
+            other.set_result(self.result)
+        else:
+            self._equal = (self._equal or []) + [weakref.ref(other)]
 
 
 class HandleTable:

@@ -47,6 +47,7 @@ from jask.hijax.array import DiskArray, is_disk_array, type_of, zeros_node
 from jask.hijax.make_op import make_op
 from jask.hijax.compat import is_traced
 from jask.ops import elementwise as ew
+from jask.ops.axes import normalize_axis
 from jask.ops.gather import keep_taken
 from jask.ops.operands import as_operand, iota
 
@@ -332,7 +333,6 @@ def concatenate(arrays, axis=0, dtype=None):
                                   "arrays larger than one tile; reshape each to 1-D first")
     if any(len(s) != ndim for s in shapes) or ndim == 0:
         raise ValueError(f"concatenate needs arrays of one rank >= 1, got shapes {', '.join(map(str, shapes))}")
-    from jask.ops.reductions import normalize_axis
     (axis,) = normalize_axis(axis, ndim, "concatenate")
     if any(s[:axis] + s[axis + 1:] != shapes[0][:axis] + shapes[0][axis + 1:] for s in shapes):
         raise ValueError(f"concatenate along axis {axis} needs equal sizes on the other axes, got shapes "

@@ -5,7 +5,8 @@ import jax.numpy as jnp
 
 from jask.hijax.array import type_of
 from jask.ops import elementwise as ew
-from jask.ops.reductions import _check, max, min, normalize_axis, sum  # noqa: A004
+from jask.ops.axes import normalize_axis
+from jask.ops.reductions import _check, max, min, sum  # noqa: A004
 
 
 def norm(x, ord=None, axis=None, keepdims=False):  # noqa: A002 - jnp's name

@@ -11,8 +11,9 @@ Gradients of ``max``/``min``/``prod`` need the reduction's result, which a
 ``backward_block`` does not see, so their op takes it (and a count) as extra
 *reference* inputs: computed only when a gradient is, never read by the
 forward pass (``unused_inputs``) and never differentiated (``nondiff_inputs``).
-``max``/``min`` split the gradient equally among tied maxima, as JAX does.
-A full reduction returns a JAX scalar; a partial one a DiskArray.
+``max``/``min`` split the gradient equally among tied maxima, as JAX does. The reference is the
+keepdims reduction itself, so the result is computed as the same node where it can be
+(:func:`_beside_reference`). A full reduction returns a JAX scalar; a partial one a DiskArray.
 """
 from __future__ import annotations
 
@@ -20,7 +21,6 @@ import builtins
 import functools
 import itertools
 import math
-import operator
 
 import jax
 import jax.numpy as jnp
@@ -28,27 +28,12 @@ import numpy as np
 
 from jask.graph.op import BlockParallelOp
 from jask.hijax.array import is_disk_array, type_of
+from jask.hijax.compat import is_traced
 from jask.hijax.make_op import make_op
 from jask.ops import accurate_log, elementwise as ew
+from jask.ops.axes import normalize_axis, reduced_shape
 from jask.ops.operands import iota
-
-
-def normalize_axis(axis, ndim, name="reduction") -> tuple[int, ...]:
-    """``axis`` (None, int or tuple; negatives allowed) as a sorted tuple of distinct axes."""
-    if axis is None:
-        return tuple(range(ndim))
-    try:
-        axes = (operator.index(axis),) if not isinstance(axis, (tuple, list)) else tuple(map(operator.index, axis))
-    except TypeError:
-        raise TypeError(f"{name}: axis must be None, an int or a tuple of ints, got {axis!r}") from None
-    norm = tuple(a + ndim if a < 0 else a for a in axes)
-    if builtins.any(not 0 <= a < ndim for a in norm) or len(set(norm)) != len(norm):
-        raise ValueError(f"{name}: axis {axis!r} is out of range or repeated for an array of ndim {ndim}")
-    return tuple(sorted(norm))
-
-
-def reduced_shape(shape, axes, keepdims):
-    return tuple(1 if a in axes else d for a, d in enumerate(shape) if keepdims or a not in axes)
+from jask.ops.shape import reshape
 
 
 class Reduce(BlockParallelOp):
@@ -243,12 +228,27 @@ def _extremum(op, name, a, axis, keepdims):
         raise ValueError(f"{name} of an empty array has no identity")
     m = _detached(op, a, axis)
     count = _sum(ew.equal(a, m), axis=axis, keepdims=True)
-    return op(a, m, count, axis=axis, keepdims=keepdims)
+    return _beside_reference(op, a, (m, count), axis, keepdims)
 
 
 def _detached(op, a, axis):
     """The reduction with keepdims, as a constant reference (no gradient of its own)."""
     return ew.stop_gradient(op(a, axis=axis, keepdims=True))
+
+
+def _beside_reference(op, a, refs, axis, keepdims):
+    """``op(a, *refs)``, whose gradient reads the keepdims references ``refs`` (:func:`_detached`).
+
+    With keepdims the result is the same application as its reference, so the planner computes them
+    once (:mod:`jask.plan.dedup`). Without, under a trace (``jit`` or ``grad``), it is the keepdims result
+    reshaped, for the same reason: a gradient then reads ``a`` once less (both the result and the
+    reference were reductions over all of it). Eagerly it is computed directly: the reshape would be a
+    kernel call more, for nothing when no gradient follows.
+    """
+    if keepdims or not is_traced(a):
+        return op(a, *refs, axis=axis, keepdims=keepdims)
+    return reshape(op(a, *refs, axis=axis, keepdims=True),
+                   reduced_shape(type_of(a).shape, normalize_axis(axis, type_of(a).ndim), False))
 
 
 @_jnp_for_in_memory
@@ -360,7 +360,7 @@ def logsumexp(a, axis=None, b=None, keepdims=False, return_sign=False, where=Non
                                   "scale with jask.numpy.log(b) added to a instead of b=")
     axes = normalize_axis(axis, type_of(a).ndim, "logsumexp")
     a, out_dtype = _moment_input(a, None)
-    return _cast(_logsumexp(a, _detached(_logsumexp, a, axes), axis=axes, keepdims=keepdims), out_dtype)
+    return _cast(_beside_reference(_logsumexp, a, (_detached(_logsumexp, a, axes),), axes, keepdims), out_dtype)
 
 
 def _arg_extremum(name, op, a, axis, keepdims):

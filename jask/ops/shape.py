@@ -22,7 +22,7 @@ from jask.graph.op import BlockParallelOp
 from jask.hijax.array import DiskArray, is_disk_array, type_of, zeros_node
 from jask.hijax.make_op import make_op
 from jask.linalg.transpose import transpose as _transpose_op
-from jask.ops.reductions import normalize_axis
+from jask.ops.axes import normalize_axis
 from jask.ops.regroup import regroup
 from jask.plan.tiling import default_tile
 

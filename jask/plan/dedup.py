@@ -9,7 +9,10 @@ this from XLA; jask's graph is its own.
 
 Of each set of equal nodes the first in post-order is kept. Consumers are rewired onto it in place
 (``node.inputs``): equal nodes hold the same value, so every graph that reads either reads the same numbers.
-Roots stay (they are the run's results), computed on their own where an equal node came first. Custom ops,
+Roots stay (they are the run's results), computed on their own where an equal node came first. A node merged
+away takes the stored result of the node it equals once that is stored (``OpNode.stands_for``): whoever still
+holds it directly (a gradient's residual, outside this run's graph) then reads that instead of recomputing
+it. Custom ops,
 whose ``forward`` may read its inputs as it likes, and nodes that know which of their inputs are not
 differentiated (a loss's ``fixed_inputs``) are never merged.
 """
@@ -18,9 +21,12 @@ from __future__ import annotations
 from jask.graph.op import CustomOp
 
 
-def merge_equal_nodes(order, prepared, live, root_ids) -> int:
-    """Rewire the consumers in ``order`` (post-order: producers first) of equal nodes onto the first of them
-    (roots keep their own node); returns how many nodes were merged away."""
+def merge_equal_nodes(order, prepared, live, root_ids, stored_later=frozenset()) -> dict:
+    """Rewire the consumers in ``order`` (post-order: producers first) of equal nodes onto the first of them.
+
+    Roots keep their own node, except those in ``stored_later`` (nodes a run stores only to scratch for a
+    later one, :func:`jask.exec.driver.store_with_next_run`): such a root equal to an earlier node is
+    replaced by that node, which then stands for it. Returns ``{id(root): replacement}`` for those."""
     kept = {}           # id(node) -> the first node equal to it in post-order (itself for that one)
     first = {}          # key -> that first node
     for node in order:
@@ -29,11 +35,18 @@ def merge_equal_nodes(order, prepared, live, root_ids) -> int:
             kept[id(node)] = first.setdefault(key, node)
     # the first of each set in post-order: no other node it is rewired into can be among its inputs (equal nodes
     # may read each other through inputs their forward ignores: logsumexp reads its own detached copy)
+    replaced = {}
     for node in order:
         inputs = tuple(kept.get(id(i.resolved()), i) for i in node.inputs)
         if any(a is not b for a, b in zip(inputs, node.inputs)):
             node.inputs = inputs
-    return sum(1 for node_id, k in kept.items() if id(k) != node_id and node_id not in root_ids)
+        k = kept.get(id(node), node)
+        if k is node or (id(node) in root_ids and id(node) not in stored_later):
+            continue                    # a root is computed in this run: it keeps its inputs
+        k.stands_for(node)
+        if id(node) in root_ids:
+            replaced[id(node)] = k
+    return replaced
 
 
 def _key(node, positions, kept, prepared):

@@ -101,7 +101,7 @@ class Plan:
         return "\n".join(lines)
 
 
-def plan(roots, planned_reads) -> Plan:
+def plan(roots, planned_reads, stored_later=()) -> Plan:
     """Plan the computation of ``roots``; raises ``ValueError`` if it cannot fit the budget.
 
     The tile edge is the largest that fits the budget, except that when a
@@ -117,8 +117,10 @@ def plan(roots, planned_reads) -> Plan:
             elements(n.shape, tile) > MAX_TILE_ELEMENTS for n in every):
         tile //= 2
     prepared = {id(n): _prepare(n, tile) for n in order}
-    merge_equal_nodes(order, prepared, lambda n: live_positions(n, prepared[id(n)].op),
-                      {id(r.resolved()) for r in roots})
+    replaced = merge_equal_nodes(order, prepared, lambda n: live_positions(n, prepared[id(n)].op),
+                                 {id(r.resolved()) for r in roots}, {id(n.resolved()) for n in stored_later})
+    if replaced:
+        roots = list({id(r): r for r in (replaced.get(id(r.resolved()), r) for r in roots)}.values())
     order, _ = collect(roots)
     while True:
         p, need, names, refused = _plan_at(roots, order, tile)
