@@ -131,12 +131,15 @@ class _Draft:
                     seen.add(key)
                     inner = lf.node.resolved()
                     size = _bytes(block_at(inner.shape, lf.block, self.tile), inner.dtype)
-                    if isinstance(inner, StoredNode):
-                        total[0] += SLOTS_PER_LEAF * size
-                        total[1] += size
-                    elif isinstance(inner, OpNode) and id(inner) in self.plan.fused_ids:
+                    if isinstance(inner, OpNode) and id(inner) in self.plan.fused_ids:
                         total[0] += SLOTS_PER_OP * size
                         walk(inner, lf.block, entries_of(self.plan.prepared[id(inner)], inner, lf.block))
+                    elif isinstance(inner, StoredNode) or (isinstance(inner, OpNode) and id(inner) not in
+                                                           self.stage_ids):
+                        # stored, or an earlier group's stage, stored by the time this runs (as in _need):
+                        # read like a store; uncharged at plan time, explain promised fewer windows than ran
+                        total[0] += SLOTS_PER_LEAF * size
+                        total[1] += size
 
         walk(node, idx, entries)
         out = _bytes(block_at(node.shape, idx, self.tile), node.dtype)
