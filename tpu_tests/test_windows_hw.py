@@ -82,3 +82,26 @@ def test_products_of_large_tiles_compile_with_their_inner_blocks(tile, dtype):
     tol = 2e-2 if dtype == "bfloat16" else 1e-4
     np.testing.assert_allclose(got, want, rtol=tol, atol=tol * np.abs(want).max())
     assert p.xla_fallback_calls == 0 and p.kernel_calls >= 1, (p.kernel_calls, p.xla_fallback_calls)
+
+
+@pytest.mark.parametrize("keepdims", [False, True])
+def test_bool_reductions_to_one_element_run_without_a_fallback_warning(keepdims):
+    """Mosaic on a TPU v5e refused a full ``any``'s window program (a bool of one element) and jask fell back
+    to xla with a RuntimeWarning; ``legality.SCALAR_REFUSED_DTYPES`` now plans it on xla up front (the
+    fifteenth session, not run on a chip then). A keepdims result (one element in a (1, 1) block) is not
+    refused up front: this shows whether the chip compiles it."""
+    import warnings
+    import jask.numpy as knp
+    jask.config.update("backend", "auto")
+    jask.config.update("tile", 128)
+    A = _data((512, 384), 6) > 1.5
+    a = jask.from_numpy(A)
+    with warnings.catch_warnings(record=True) as seen, jask.profile() as p:
+        warnings.simplefilter("always")
+        got = [np.asarray(knp.any(a, keepdims=keepdims)), np.asarray(knp.all(a, keepdims=keepdims)),
+               np.asarray(knp.any(a, axis=1))]
+    want = [A.any(keepdims=keepdims), A.all(keepdims=keepdims), A.any(axis=1)]
+    for g, w in zip(got, want):
+        np.testing.assert_array_equal(g, w)
+    fallbacks = [str(w.message) for w in seen if "could not compile" in str(w.message)]
+    assert not fallbacks and p.xla_fallback_calls == 0, (fallbacks, p.xla_fallback_calls)

@@ -119,8 +119,8 @@ class _Draft:
     def cost(self, node, idx, entries, seen=None) -> tuple[int, int]:
         """``(projected bytes, input bytes)`` that scheduling these entries would add to the window
         (``seen``: value keys already costed for other nodes' entries going in with these)."""
-        seen = set() if seen is None else seen
-        total = [0, 0]
+        seen, total = set() if seen is None else seen, [0, 0]
+        stages = self.stage_ids     # any other op not fused is an earlier group's stage: read, once stored
 
         def walk(n, block, ents):
             for e in ents:
@@ -134,10 +134,7 @@ class _Draft:
                     if isinstance(inner, OpNode) and id(inner) in self.plan.fused_ids:
                         total[0] += SLOTS_PER_OP * size
                         walk(inner, lf.block, entries_of(self.plan.prepared[id(inner)], inner, lf.block))
-                    elif isinstance(inner, StoredNode) or (isinstance(inner, OpNode) and id(inner) not in
-                                                           self.stage_ids):
-                        # stored, or an earlier group's stage, stored by the time this runs (as in _need):
-                        # read like a store; uncharged at plan time, explain promised fewer windows than ran
+                    elif isinstance(inner, StoredNode) or isinstance(inner, OpNode) and id(inner) not in stages:
                         total[0] += SLOTS_PER_LEAF * size
                         total[1] += size
 
