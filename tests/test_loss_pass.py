@@ -2,9 +2,9 @@
 
 X tiles are counted at the reader (``before_tile_read``), so the counts cannot
 drift with timing; every value is checked against ``jax`` on the same NumPy data.
-Where a gradient cannot be answered from the loss pass (a big input's gradient,
-an intermediate used twice) it takes the ordinary lazy path, and the results must
-still be right. A weight of several tiles joins the loss pass when the loss's entry
+Where a gradient cannot be answered from the loss pass (a big input's gradient)
+it takes the ordinary lazy path, and the results must still be right; an
+intermediate used twice sums its uses' unit cotangents in the pass. A weight of several tiles joins the loss pass when the loss's entry
 k reads every tile that entry k of its gradient's tiles reads.
 """
 
@@ -14,6 +14,7 @@ import numpy as np
 import pytest
 
 import jask
+import jask.numpy as knp
 from disk_data import store_arrays, tile_reads
 from jask.hijax import unit_grads
 
@@ -78,13 +79,38 @@ def test_the_same_weight_used_twice_sums_both_contributions(data):
     _check(got, jax.value_and_grad(ref)(arrays["w"]))
 
 
-def test_an_intermediate_used_twice_takes_the_ordinary_gradient(data):
-    """``r`` feeds two terms of one sum: its cotangent is a sum of two uses, never a known multiple."""
+def _used_twice(w, X, y):
+    r = X @ w - y
+    return jask.sum(jask.square(r) + r)
+
+
+def _cross_entropy(w, X, y):
+    """Softmax cross-entropy of logits ``X @ w`` against one-hot rows ``y``: the logits are used twice."""
+    z = X @ w
+    return knp.mean(jask.nn.logsumexp(z, axis=1) - knp.sum(z * y, axis=1))
+
+
+@pytest.mark.parametrize("case", ["used_twice", "cross_entropy"])
+@pytest.mark.parametrize("mode", ["jit", "eager"])
+def test_an_intermediate_used_twice_sums_its_uses_in_the_loss_pass(data, case, mode):
+    """``r`` feeds two terms: its cotangent is the sum of both uses' (a CotangentSum of tagged parts), known
+    to be the loss's cotangent times the walk's unit one. These read X twice before (loss, then gradient)."""
     arrays, d, x_path = data
-    loss = lambda w, X, y: jask.sum(jask.square(X @ w - y) + (X @ w - y))
-    ref = lambda w: jnp.sum(jnp.square(arrays["X"] @ w - arrays["y"]) + (arrays["X"] @ w - arrays["y"]))
-    got = _host(jax.jit(jax.value_and_grad(loss))(d["w"], d["X"], d["y"]))
-    _check(got, jax.value_and_grad(ref)(arrays["w"]))
+    if case == "used_twice":
+        loss, args, y = _used_twice, (d["w"], d["X"], d["y"]), arrays["y"]
+        ref = lambda w: jnp.sum(jnp.square(arrays["X"] @ w - y) + (arrays["X"] @ w - y))
+        w0 = arrays["w"]
+    else:
+        labels = np.random.default_rng(4).integers(0, 8, N)
+        y = np.eye(8, dtype=np.float32)[labels]
+        w0 = (np.random.default_rng(5).standard_normal((F, 8)) * 0.1).astype(np.float32)
+        loss, args = _cross_entropy, (jask.from_numpy(w0), d["X"], jask.from_numpy(y))
+        ref = lambda w: jnp.mean(jax.nn.logsumexp(arrays["X"] @ w, axis=1) - jnp.sum((arrays["X"] @ w) * y, axis=1))
+    step = jax.value_and_grad(loss)
+    step = jax.jit(step) if mode == "jit" else step
+    got, passes = _passes_over_x(lambda: _host(step(*args)), x_path)
+    _check(got, jax.value_and_grad(ref)(w0))
+    assert passes == 1
 
 
 def test_a_big_inputs_gradient_is_computed_lazily_beside_the_weights(data):

@@ -13,7 +13,8 @@ from jask import numpy as jnp_disk
 from jask.api.sinks import persist, to_numpy, to_zarr, update_
 from jask.hijax import compat
 from jask.hijax.array import DiskArray, DiskArrayType
-from jask.linalg.add import add
+from jask.hijax.grad import CotangentSum
+from jask.hijax.make_op import make_op
 from jask.linalg.transpose import transpose
 
 BINARY = {"add": "add", "sub": "subtract", "mul": "multiply", "truediv": "true_divide",
@@ -104,6 +105,7 @@ def _sharding(self):
     raise AttributeError("a DiskArray has no sharding")
 
 
+_sum_cotangents = make_op(CotangentSum, name="add")
 _AVAL_SHARDING = DiskArrayType.sharding   # the hi-type's refusal (vmap, jacfwd, device placement)
 
 
@@ -186,7 +188,7 @@ def install() -> None:
     DiskArray.persist = _persist
     for name, fn in (("to_zarr", _to_zarr), ("update_", _update), ("persist", _persist)):
         setattr(DiskArrayType, name, compat.aval_method(fn))   # traced: the calls' own "not inside jit" errors
-    DiskArrayType.vspace_add = lambda self, x, y: add(x, y)   # summing two tangents of one value
+    DiskArrayType.vspace_add = lambda self, x, y: _sum_cotangents(x, y)   # two tangents of one value
     for name in DEFERRED:
         compat.defer_reflected_operator(DiskArrayType, name)
     for name, mirror in COMPARISONS.items():   # traced_scalar < x is x > traced_scalar

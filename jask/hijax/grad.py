@@ -26,6 +26,31 @@ def gradient_node(spec: OpSpec, wrt: int, nodes) -> OpNode:
                   nodes, nodes[1 + wrt].shape, nodes[1 + wrt].dtype)
 
 
+def cotangent_sum_node(a, b) -> OpNode:
+    """The lazy sum of two cotangents of one value."""
+    return OpNode(OpSpec(CotangentSum, name="add"), (a, b), a.shape, a.dtype)
+
+
+class CotangentSum(BlockParallelOp):
+    """Two cotangents of one value summed: JAX's tangent sum (``DiskArrayType.vspace_add``) and the walk of
+    :mod:`jask.hijax.unit_grads`. A class of its own, not ``jask.add``, so that walk can tell such a sum."""
+
+    def forward_block(self, a_block, b_block):
+        return a_block + b_block
+
+    def index_map(self, out_idx):
+        return [(out_idx, out_idx)]
+
+    def combine(self, acc, partial):
+        return acc + partial
+
+    def backward_block(self, d_out_block, a_block, b_block):
+        return (d_out_block, d_out_block)
+
+    def output_shape(self, a_shape, b_shape):
+        return a_shape
+
+
 class GradOp(BlockParallelOp):
     """Gradient of a forward op with respect to input ``wrt``, itself a block-parallel op.
 

@@ -69,9 +69,20 @@ def keep_output(out, in_avals, out_aval, nzs) -> object:
     wanted = [n for n, nz in sizes if nz]
     if not wanted or min(wanted) < max(n for n, _ in sizes) or min(wanted) <= _size(out_aval):
         return out
-    # needed by a big input's gradient, which a loss pass never computes: kept by a shared loss pass too
-    (kept,) = PersistPrimitive([out_aval], defer=True, only=worth_keeping, optional=False)(out)
+    # needed by a big stored input's gradient, which a loss pass never computes: kept by a shared loss pass too
+    (kept,) = PersistPrimitive([out_aval], defer=True, only=worth_keeping, optional=walked_through)(out)
     return kept
+
+
+def walked_through(node) -> bool:
+    """Whether every input ``node``'s op is differentiated for is computed, not stored: a loss pass walks
+    through such inputs (:mod:`jask.hijax.unit_grads`), so a pass that shares the loss computes what their
+    gradients lead to, and the residual is a saving only (the logits of a softmax cross-entropy)."""
+    n = node.resolved()
+    if not isinstance(n, OpNode):
+        return True
+    skip = {*getattr(n.spec.cls, "nondiff_inputs", ()), *getattr(n, "fixed_inputs", ())}
+    return not any(isinstance(inp.resolved(), StoredNode) for i, inp in enumerate(n.inputs) if i not in skip)
 
 
 def keep_small_residuals(args, in_avals) -> tuple:

@@ -78,14 +78,16 @@ class FromMemoryPrimitive(compat.HiPrimitive):
 class _Persist:
     defer: bool = False
     only: object = None       # with ``defer``: store only the nodes this predicate accepts
-    optional: bool = True     # with ``only``: a saving, which a shared loss pass drops
+    optional: object = True   # with ``only``: a saving, which a shared loss pass drops (or a predicate)
 
     def __call__(self, *nodes):
         if self.defer:
             # a predicate marks a gradient's residuals: a saving, which a shared loss pass drops unless
             # a big input's gradient, which that pass never computes, needs it (residuals.keep_output)
-            store_with_next_run([n for n in nodes if self.only is None or self.only(n)],
-                                optional=self.only is not None and self.optional)
+            for n in nodes:
+                if self.only is None or self.only(n):
+                    optional = self.optional(n) if callable(self.optional) else self.optional
+                    store_with_next_run([n], optional=self.only is not None and optional)
             return nodes
         return tuple(run(nodes))
 

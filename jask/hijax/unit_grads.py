@@ -17,9 +17,12 @@ small in-memory arrays. The backward's host functions then ask
 :func:`cotangent_scale` whether the cotangent they got is ``g`` times a unit
 cotangent of that walk, and :func:`known_contribution` answers a small input's
 contribution as ``g`` times the stored one, with no pass. The walk goes through
-an intermediate only where it has a single use (a cotangent summed from several
-uses is a new node, never tagged), so anything else gets the ordinary lazy
-gradient: a big input's gradient, a sum of uses, a custom op. In a
+an intermediate once the cotangent of each of its uses is known (consumers come
+before producers): a value used twice, as the logits of a softmax cross-entropy
+(``logsumexp(z) - sum(z * y)``), gets the sum of its uses' unit cotangents, and
+the backward's sum of those uses (a :class:`~jask.hijax.grad.CotangentSum` of
+tagged parts) is known to be ``g`` times it. Anything else gets the ordinary lazy
+gradient: a big input's gradient, a value a custom op also uses. In a
 ``jax.distributed`` run the processes share the loss's pass (each its share of
 the entries, every member's partials gathered and folded alike everywhere).
 """
@@ -27,6 +30,7 @@ from __future__ import annotations
 
 import collections
 import dataclasses
+import functools
 import itertools
 import threading
 import weakref
@@ -37,7 +41,7 @@ import numpy as np
 from jask.exec.driver import run_sharing_pass
 from jask.graph.nodes import OpNode, ScalarNode, StoredNode
 from jask.graph.op import CustomOp
-from jask.hijax.grad import gradient_node
+from jask.hijax.grad import CotangentSum, cotangent_sum_node, gradient_node
 from jask.hijax.residuals import recompute_bytes
 from jask.hijax.sinks import store_value
 from jask.plan.walk import collect, nbytes
@@ -58,8 +62,9 @@ class _Walk:
 
     refs: list                  # weak references to every node an op key names
     keys: dict                  # place in the walk (0: the loss) -> op key of the op node there
-    through: dict               # (place, input position) -> the place of that single-use input
+    through: dict               # (place, input position) -> the place of that input
     units: dict                 # (place, input position) -> unit contribution (NumPy)
+    uses: dict = dataclasses.field(default_factory=dict)   # place -> its uses' (place, position)s
 
     def alive(self) -> bool:
         return all(r() is not None for r in self.refs)
@@ -91,30 +96,52 @@ def run_loss(node: OpNode):
 
 
 def _walk(root: OpNode):
-    """The walk below ``root`` and its candidates ``[(op key, position), unit contribution node]``."""
-    _, edges = collect([root])
+    """The walk below ``root`` and its candidates ``[(op key, position), unit contribution node]``.
+
+    Consumers come before producers (the reverse of ``collect``'s post-order), so a node is reached once
+    every use that sends it a cotangent is known; it is walked when all of those are walked ops."""
+    order, edges = collect([root])
     small = max(recompute_bytes(root) // SMALL_SHARE, 1)
     walk, candidates = _Walk([], {}, {}, {}), []
-    places = itertools.count(1)
-    stack = [(root, ScalarNode(np.ones((), root.dtype)), 0)]
-    while stack:
-        node, cotangent, place = stack.pop()
+    places, counter = {id(root): 0}, itertools.count(1)
+    parts = collections.defaultdict(list)        # id(node) -> the unit cotangents its walked uses send
+    parts[id(root)].append(ScalarNode(np.ones((), root.dtype)))
+    flows, walked = {id(root)}, set()            # nodes a nonzero cotangent reaches; nodes walked
+    for node in reversed(order):
+        uses = [(c, p) for c, p in edges[id(node)] if id(c) in flows and p in _differentiated(c)]
+        if node is not root:
+            if not uses:
+                continue
+            flows.add(id(node))
+            if any(id(c) not in walked for c, _ in uses):
+                continue                             # part of its cotangent comes from outside the walk
+        place = places[id(node)]
+        walk.uses[place] = frozenset((places[id(c)], p) for c, p in uses)
         walk.keys[place] = op_key(node.spec, node.inputs)
         walk.refs += [weakref.ref(n) for n in node.inputs if not isinstance(n, ScalarNode)]
         if issubclass(node.spec.cls, CustomOp):
             continue
-        # inputs jax.grad does not differentiate (OpPrimitive.vjp_fwd) need no unit gradient
-        skip = {*getattr(node.spec.cls, "nondiff_inputs", ()), *getattr(node, "fixed_inputs", ())}
-        for i, inp in enumerate(node.inputs):
+        walked.add(id(node))
+        cotangent = functools.reduce(cotangent_sum_node, parts.pop(id(node)))
+        for i in _differentiated(node):
+            inp = node.inputs[i]
             r = inp.resolved()
-            if i in skip or r.shape == () or not jnp.issubdtype(r.dtype, jnp.inexact):   # bfloat16 too
-                continue
-            if isinstance(inp, OpNode) and inp.result is None and len(edges[id(inp)]) == 1:
-                walk.through[(place, i)] = child = next(places)
-                stack.append((inp, gradient_node(node.spec, i, (cotangent, *node.inputs)), child))
+            if isinstance(inp, OpNode) and inp.result is None:
+                walk.through[(place, i)] = places.setdefault(id(inp), next(counter))
+                parts[id(inp)].append(gradient_node(node.spec, i, (cotangent, *node.inputs)))
             elif isinstance(r, StoredNode) and nbytes(r) <= small:
                 candidates.append(((place, i), gradient_node(node.spec, i, (cotangent, *node.inputs))))
     return walk, candidates
+
+
+def _differentiated(node: OpNode) -> list:
+    """Input positions a cotangent of ``node`` flows to: inexact array inputs that ``jax.grad`` differentiates
+    (``OpPrimitive.vjp_fwd`` marks the others ``fixed_inputs``), none from an integer or bool output."""
+    if not jnp.issubdtype(node.dtype, jnp.inexact):
+        return []
+    skip = {*getattr(node.spec.cls, "nondiff_inputs", ()), *getattr(node, "fixed_inputs", ())}
+    return [i for i, inp in enumerate(node.inputs) if i not in skip and inp.shape != ()
+            and jnp.issubdtype(inp.dtype, jnp.inexact)]     # bfloat16 too
 
 
 def cotangent_scale(spec, nodes):
@@ -125,8 +152,27 @@ def cotangent_scale(spec, nodes):
         with _lock:
             walk = _walks.get(key)
         return (g.value, walk, 0) if walk is not None and walk.alive() else None
-    scale = getattr(g, "unit_scale", None)
+    scale = getattr(g, "unit_scale", None) or _summed(g)
     return scale if scale is not None and scale[1].keys.get(scale[2]) == key else None
+
+
+def _summed(g):
+    """``(g, walk, place)`` when ``g`` sums tagged parts from every use of the node at ``place``."""
+    parts = _parts(g)
+    return parts[0] if parts is not None and parts[1] == parts[0][1].uses.get(parts[0][2]) else None
+
+
+def _parts(g):
+    """``((g, walk, place), uses)`` when ``g`` is a tagged part or a sum of distinct ones of one node."""
+    part = getattr(g, "unit_part", None)
+    if part is not None:
+        return part[:3], frozenset({part[3]})
+    if not (isinstance(g, OpNode) and g.spec.cls is CotangentSum and len(g.inputs) == 2):
+        return None
+    a, b = (_parts(i) for i in g.inputs)
+    if a is None or b is None or a[0][1] is not b[0][1] or a[0][2] != b[0][2] or a[0][0] != b[0][0] or a[1] & b[1]:
+        return None
+    return a[0], a[1] | b[1]
 
 
 def known_contribution(nodes, i, scale):
@@ -139,10 +185,13 @@ def known_contribution(nodes, i, scale):
 
 
 def tag_through(node: OpNode, i, scale) -> OpNode:
-    """``node`` (input ``i``'s lazy gradient), marked as ``g`` times its unit cotangent where the walk
-    went through that input (a single use)."""
+    """``node`` (input ``i``'s lazy gradient), marked where the walk went through that input: as ``g`` times
+    its unit cotangent (its only use), or as the part of it this use sends (summed by JAX with the others)."""
     g, walk, place = scale
     child = walk.through.get((place, i))
-    if child is not None:
+    uses = walk.uses.get(child)
+    if uses is not None and len(uses) == 1:
         node.unit_scale = (g, walk, child)
+    elif uses is not None:
+        node.unit_part = (g, walk, child, (place, i))
     return node
