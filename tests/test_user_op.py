@@ -353,3 +353,17 @@ def test_forward_block_results_are_checked_when_called(small_tiles, result, erro
         make_op(_Results)(a, result=result)
     with pytest.raises(error, match=says):
         jax.jit(lambda a: jask.sum(make_op(_Results)(a, result=result)))(a)
+
+
+class _WrongInTheMiddle(Cube):
+    """A mistake only away from the edges: the middle row of tiles asks for a block past the grid."""
+
+    def index_map(self, out_idx):
+        return [((7 if out_idx[0] == 1 else out_idx[0], out_idx[1]),)]
+
+
+def test_an_index_map_wrong_only_in_the_middle_is_named_at_the_call(small_tiles):
+    """The first and last output tiles were the only ones checked at the call: this was named at the sink."""
+    a = jask.from_numpy(_rand((12, 4), 10))
+    with pytest.raises(ValueError, match=r"_wronginthemiddle.index_map\(\(1, 0\)\) asks input 0 for block \(7, 0\)"):
+        make_op(_WrongInTheMiddle)(a)

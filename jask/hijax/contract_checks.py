@@ -15,10 +15,11 @@ from jask.graph.tiling import block_at, grid
 
 
 def check_index_map(name: str, op, tiled_inputs, out_shape, tile: int) -> None:
-    """Call ``op.index_map`` at the first and last output tiles and check every entry: one block index per
-    input, each with one int per axis of that input, inside that input's grid."""
+    """Call ``op.index_map`` at the first, middle and last output tiles and check every entry: one block index
+    per input, each with one int per axis of that input, inside that input's grid."""
     out_grid = grid(out_shape, tile)        # (a size-0 output never gets here: make_op returns its empty result)
-    for out_idx in {tuple(0 for _ in out_grid), tuple(g - 1 for g in out_grid)}:
+    tiles = [tuple(0 for _ in out_grid), tuple(g // 2 for g in out_grid), tuple(g - 1 for g in out_grid)]
+    for out_idx in dict.fromkeys(tiles):    # in that order, each once
         entries = op.index_map(out_idx)
         for entry in itertools.islice(entries, 64):
             if not isinstance(entry, (tuple, list)) or len(entry) != len(tiled_inputs):
