@@ -33,7 +33,9 @@ def cotangent_sum_node(a, b) -> OpNode:
 
 class CotangentSum(BlockParallelOp):
     """Two cotangents of one value summed: JAX's tangent sum (``DiskArrayType.vspace_add``) and the walk of
-    :mod:`jask.hijax.unit_grads`. A class of its own, not ``jask.add``, so that walk can tell such a sum."""
+    :mod:`jask.hijax.unit_grads`. ``jask.add``'s five methods again, as a class of its own: the walk must tell
+    such a sum from a user's, and this layer may not import the ops (``jask/linalg/add.py`` stays the seed's
+    example)."""
 
     def forward_block(self, a_block, b_block):
         return a_block + b_block
