@@ -13,6 +13,7 @@ from jask.exec import driver
 from jask.io import decoded_chunks
 from jask.io.prefetch import Prefetcher
 from jask.io.reader import CorruptChunkError, reader_for
+from jask.ops.batches import span_order
 from jask.plan.memory import DECODED_CHUNK_SLOTS
 
 
@@ -116,6 +117,63 @@ def test_batches_smaller_than_a_chunk_decode_it_once(tmp_path, decodes):
     got = np.concatenate(list(jask.batches(x, batch_size=64)))
     np.testing.assert_array_equal(got, a)
     assert decodes[0] == 4
+
+
+def test_shuffled_batches_decode_each_chunk_once_per_epoch(tmp_path, decodes):
+    """Shuffled batches inside compressed chunks are drawn span by span (a few chunks' rows open at once):
+    each chunk is decoded once per epoch, as unshuffled (a shuffled order of single batches decoded a
+    chunk for nearly every batch: 214 decodes of these 24 chunks before). Every row comes once, X and y
+    paired, in an order that is shuffled, the same for the same seed and epoch, another for another."""
+    a = _tall(8, rows=1024, cols=8)
+    labels = np.arange(1024, dtype=np.int32)
+    x = _store(tmp_path / "x.zarr", a, (64, 8))
+    y = _store(tmp_path / "y.zarr", labels, (128,))           # spans of 128 rows: 16 batches, 3 chunks
+    orders = []
+    for epoch, buffer in ((0, 1), (0, 1), (1, 1), (0, 4)):
+        decodes[0] = 0
+        got = list(jask.batches(x, y, batch_size=8, shuffle=3, epoch=epoch, shuffle_buffer=buffer))
+        assert decodes[0] == 16 + 8, (epoch, buffer)
+        assert decoded_chunks.live()["bytes"] == 0              # nothing kept once the epoch ends
+        for xb, yb in got:
+            assert xb.shape == (8, 8)
+            np.testing.assert_array_equal(xb, a[yb])
+        rows = np.concatenate([yb for _, yb in got])
+        assert sorted(rows) == list(range(1024))
+        orders.append(rows)
+    assert not np.array_equal(orders[0], labels)
+    assert np.array_equal(orders[0], orders[1]) and not np.array_equal(orders[0], orders[2])
+    assert any(len({int(r) // 8 for r in yb}) > 1 for _, yb in got[:4])     # the buffer deals rows
+
+
+def test_shuffled_batches_hold_the_chunks_of_as_many_spans_as_a_quarter_of_the_budget_holds(tmp_path, decodes):
+    """At a 40KB budget a span's chunks (two of X's, 4 KiB, and one of y's, 512 B) fit twice in a quarter
+    of it: two spans are open at once, and the chunks kept decoded stay within two spans' and the two
+    slots' every store has; each chunk is still decoded once."""
+    a = _tall(9, rows=1024, cols=8)
+    x = _store(tmp_path / "x.zarr", a, (64, 8))
+    y = _store(tmp_path / "y.zarr", np.arange(1024, dtype=np.int32), (128,))
+    jask.set_memory_budget("40KB")
+    decoded_chunks.reset_peak()
+    rows = np.concatenate([yb for _, yb in jask.batches(x, y, batch_size=8, shuffle=1)])
+    assert sorted(rows) == list(range(1024)) and decodes[0] == 16 + 8
+    assert 0 < decoded_chunks.live()["peak_bytes"] <= (2 * 2 + 2) * 2048 + (2 * 1 + 2) * 512
+
+
+@pytest.mark.parametrize("open_spans", [1, 2, 5])
+def test_a_span_order_keeps_at_most_its_open_spans_begun(open_spans):
+    """Batches of 3 rows in spans of 12 (4 batches each; the last span has 1): a permutation in which no
+    more than ``open_spans`` spans are begun and not finished at any point; one span at a time takes the
+    spans whole, in shuffled order."""
+    order = span_order(29, 3, 12, open_spans, np.random.default_rng(open_spans))
+    assert sorted(order) == list(range(29)) and order != list(range(29))
+    span = [3 * b // 12 for b in order]
+    size = {s: span.count(s) for s in span}
+    for i in range(len(order)):
+        seen = span[:i + 1]
+        assert sum(0 < seen.count(s) < size[s] for s in size) <= open_spans, (i, span)
+    if open_spans == 1:
+        firsts = [s for i, s in enumerate(span) if i == 0 or span[i - 1] != s]
+        assert sorted(firsts) == sorted(size) and firsts != sorted(size)
 
 
 def test_the_plan_charges_the_chunks_kept_decoded(tmp_path):

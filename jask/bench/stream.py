@@ -17,6 +17,9 @@ must be a real disk (default ``bench-out/data``); it is deleted at the end unles
 runtime baseline plus inputs and caches) and the growth during the pass, which
 is what the memory budget bounds.
 
+``--op=batches`` times one epoch of ``jask.batches`` in order and shuffled, side by
+side, with the chunks decoded (a compressed chunk decodes whole for any rows of it).
+
 ``--op=readers`` compares the ways of reading tiles side by side: direct
 ``preadv`` of uncompressed chunks (:class:`jask.io.reader.TileReader`),
 zarr-python into a preallocated buffer and allocating, each with and without
@@ -36,8 +39,9 @@ from absl import flags
 from jask.bench import data, harness
 
 FLAGS = flags.FLAGS
-flags.DEFINE_enum("op", "sum", ["sum", "add", "dot", "readers"], "What to measure (dot: sum(x @ x), a "
-                  "kernel much more expensive than its reads).")
+flags.DEFINE_enum("op", "sum", ["sum", "add", "dot", "readers", "batches"], "What to measure (dot: sum(x @ x), "
+                  "a kernel much more expensive than its reads; batches: an epoch of jask.batches, in order and "
+                  "shuffled).")
 flags.DEFINE_float("gib", 2.0, "Size of each input array in GiB.")
 flags.DEFINE_string("budget", "256MB", "jask memory budget.")
 flags.DEFINE_string("dir", harness.bench_dir("data"), "Folder for the benchmark stores (a real disk, not tmpfs; "
@@ -49,6 +53,7 @@ flags.DEFINE_integer("cols", 16384, "Columns of the 2-D test arrays.")
 flags.DEFINE_integer("repeat", 3, "Runs per case and cache state (the median is reported).")
 flags.DEFINE_integer("depth", 2, "Prefetch depth for --op=readers.")
 flags.DEFINE_integer("threads", 2, "Reader threads for --op=readers.")
+flags.DEFINE_integer("batch_size", 256, "Rows per batch for --op=batches.")
 flags.DEFINE_bool("keep", False, "Keep the benchmark stores.")
 
 GiB = 2**30
@@ -300,6 +305,36 @@ def bench_readers(layout, root):
         shutil.rmtree(path, ignore_errors=True)
 
 
+def bench_batches(layout, root):
+    """One epoch of ``jask.batches`` over a store, in order and shuffled, interleaved; decodes counted."""
+    import jask
+    from jask.io import decoded_chunks
+    from jask.plan.tiling import default_tile
+    jask.set_memory_budget(FLAGS.budget)
+    shape = _shape(FLAGS.gib, FLAGS.cols)
+    path = make_store(os.path.join(root, f"batches-{layout}.zarr"), shape, default_tile(shape, 4), layout, 0)
+    x = jask.from_zarr(path)
+    nbytes = shape[0] * shape[1] * 4
+    print(f"an epoch of jask.batches over {shape} float32 ({nbytes / GiB:.2f} GiB), layout {layout}, chunks "
+          f"{x.chunks}, batches of {FLAGS.batch_size} rows", flush=True)
+    orders = {"in order": None, "shuffled": 0}
+    for cache in FLAGS.cache:
+        print(f" {cache} (median of {FLAGS.repeat}, in turn):")
+        times, decodes = {k: [] for k in orders}, {}
+        for _ in range(FLAGS.repeat):
+            for name, seed in orders.items():
+                drop_cache([path]) if cache == "cold" else raw_read([path])
+                d0, t0 = decoded_chunks.live()["decodes"], time.perf_counter()
+                for _ in jask.batches(x, batch_size=FLAGS.batch_size, shuffle=seed):
+                    pass
+                times[name].append(time.perf_counter() - t0)
+                decodes[name] = decoded_chunks.live()["decodes"] - d0
+        for name in orders:
+            _row(f"{name}, {decodes[name]} chunks decoded", float(np.median(times[name])), nbytes)
+    if not FLAGS.keep:
+        shutil.rmtree(path, ignore_errors=True)
+
+
 def main(argv):
     del argv
     root = os.path.abspath(FLAGS.dir)
@@ -313,6 +348,8 @@ def main(argv):
     for layout in FLAGS.layout:
         if FLAGS.op == "readers":
             bench_readers(layout, root)
+        elif FLAGS.op == "batches":
+            bench_batches(layout, root)
         else:
             bench_op(FLAGS.op, layout, root)
     if not FLAGS.keep:

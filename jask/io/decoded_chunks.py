@@ -15,10 +15,13 @@ once every element of it has been served (the last tile of it read), the
 least recently used one when a new chunk needs the room, and all of them when
 the last open pass ends. Reads outside a pass, and parts of a region that
 cover whole chunks, decode straight into the tile as before. The planner
-charges the kept chunks (``jask.plan.memory.DECODED_CHUNK_SLOTS``).
+charges the kept chunks (``jask.plan.memory.DECODED_CHUNK_SLOTS``). A loop that
+returns to several chunks in turn (shuffled :func:`jask.batches`) keeps more
+for its duration (:meth:`DecodedChunks.holding`), charged by itself.
 """
 from __future__ import annotations
 
+import contextlib
 import math
 import threading
 import weakref
@@ -93,8 +96,21 @@ class DecodedChunks:
         self.shape, self.chunk = tuple(shape), tuple(chunk)
         self._entries: OrderedDict = OrderedDict()
         self._lock = threading.Lock()
+        self._holds: list[int] = []     # chunk counts asked for by the loops now holding this cache
         with _lock:
             _caches.add(self)
+
+    @contextlib.contextmanager
+    def holding(self, chunks: int):
+        """Keep up to ``chunks`` decoded chunks (not :data:`CACHED_CHUNKS`) while inside: for a reader that
+        returns to each of several chunks in turn, as shuffled batches interleaving chunks do."""
+        with self._lock:
+            self._holds.append(int(chunks))
+        try:
+            yield
+        finally:
+            with self._lock:
+                self._holds.remove(int(chunks))
 
     def wanted(self, region) -> bool:
         """Whether ``region`` is read through kept chunks: a pass is open and it covers part of a chunk."""
@@ -162,7 +178,7 @@ class DecodedChunks:
     def _make_room(self) -> bool:
         """Drop the least recently used decoded chunk while the cache is full (lock held); False if
         every kept chunk is still being decoded."""
-        while len(self._entries) >= CACHED_CHUNKS:
+        while len(self._entries) >= max([CACHED_CHUNKS, *self._holds]):
             oldest = next((k for k, e in self._entries.items() if e.ready.is_set()), None)
             if oldest is None:
                 return False

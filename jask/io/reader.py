@@ -89,6 +89,7 @@ class TileReader:
         self._lock = threading.Lock()
         self._ts = _open_tensorstore(self.root, self.array) if self.layout.mode == "zarr" else None
         self._decoded = DecodedChunks(self.layout.shape, self.layout.chunk)   # used on the zarr route only
+        self.whole_chunks = self._decoded if self.layout.mode == "zarr" else None   # reads decode whole chunks
 
     @property
     def mode(self) -> str:

@@ -356,6 +356,7 @@ class RemoteTileReader:
         self.path = store.path
         self.dtype = dtypes.logical_dtype(store.array, store.path)
         self._decoded = DecodedChunks(self.array.shape, self.array.chunks)
+        self.whole_chunks = self._decoded        # a chunk is fetched and decoded whole for any part of it
 
     def read(self, region, out: np.ndarray | None = None) -> np.ndarray:
         """Read ``region`` into ``out`` (allocated when None) and return it, as :meth:`TileReader.read`."""
