@@ -119,20 +119,23 @@ def test_batches_smaller_than_a_chunk_decode_it_once(tmp_path, decodes):
     assert decodes[0] == 4
 
 
-def test_shuffled_batches_decode_each_chunk_once_per_epoch(tmp_path, decodes):
+@pytest.mark.parametrize("columns", [8, 4])
+def test_shuffled_batches_decode_each_chunk_once_per_epoch(tmp_path, decodes, columns):
     """Shuffled batches inside compressed chunks are drawn span by span (a few chunks' rows open at once):
     each chunk is decoded once per epoch, as unshuffled (a shuffled order of single batches decoded a
     chunk for nearly every batch: 214 decodes of these 24 chunks before). Every row comes once, X and y
-    paired, in an order that is shuffled, the same for the same seed and epoch, another for another."""
+    paired, in an order that is shuffled, the same for the same seed and epoch, another for another.
+    X's chunks of 4 columns put two chunks side by side in each of its row bands."""
     a = _tall(8, rows=1024, cols=8)
     labels = np.arange(1024, dtype=np.int32)
-    x = _store(tmp_path / "x.zarr", a, (64, 8))
+    x = _store(tmp_path / "x.zarr", a, (64, columns))
+    x_chunks = 16 * 8 // columns
     y = _store(tmp_path / "y.zarr", labels, (128,))           # spans of 128 rows: 16 batches, 3 chunks
     orders = []
     for epoch, buffer in ((0, 1), (0, 1), (1, 1), (0, 4)):
         decodes[0] = 0
         got = list(jask.batches(x, y, batch_size=8, shuffle=3, epoch=epoch, shuffle_buffer=buffer))
-        assert decodes[0] == 16 + 8, (epoch, buffer)
+        assert decodes[0] == x_chunks + 8, (epoch, buffer)
         assert decoded_chunks.live()["bytes"] == 0              # nothing kept once the epoch ends
         for xb, yb in got:
             assert xb.shape == (8, 8)

@@ -82,19 +82,24 @@ def batches(*arrays, batch_size, shuffle=None, epoch=0, drop_last=True, shuffle_
         raise ValueError(f"batches: {n} rows make no full batch of {batch_size}; use a smaller batch_size "
                          "or drop_last=False")
     rng = None if shuffle is None else np.random.default_rng([int(shuffle), int(epoch)])
-    caches = [(c, c.chunk[0], math.prod(c.chunk) * s.dtype.itemsize)
-              for s in stores for c in [getattr(reader_for(s), "whole_chunks", None)] if c is not None]
-    span = max((rows for _, rows, _ in caches), default=0)
+    caches = [(s, c) for s in stores for c in [getattr(reader_for(s), "whole_chunks", None)] if c is not None]
+    span = max((c.chunk[0] for _, c in caches), default=0)
     if rng is None:
         order, holds = list(range(count)), []
     elif span > batch_size:     # batches share decoded chunks: drawn span by span, a few spans open at once
-        span_bytes = sum(nbytes * math.ceil(span / rows) for _, rows, nbytes in caches)
-        open_spans = int(np.clip(config.memory_budget // (4 * span_bytes), 2, 16))
+        per_span = [(c, _chunks_per_span(c, span), math.prod(c.chunk) * s.dtype.itemsize) for s, c in caches]
+        open_spans = int(np.clip(config.memory_budget // (4 * sum(k * b for _, k, b in per_span)), 2, 16))
         order = span_order(count, batch_size, span, open_spans, rng)
-        holds = [(c, open_spans * math.ceil(span / rows) + 2) for c, rows, _ in caches]
+        holds = [(c, open_spans * k + 2) for c, k, _ in per_span]
     else:
         order, holds = [int(b) for b in rng.permutation(count)], []
     return _iterate(stores, order, batch_size, n, len(arrays) == 1, int(shuffle_buffer), rng, holds)
+
+
+def _chunks_per_span(cache, span) -> int:
+    """Chunks of a store a span of ``span`` rows covers: its row bands, each with all its column chunks."""
+    return math.ceil(span / cache.chunk[0]) * math.prod(
+        math.ceil(d / k) for d, k in zip(cache.shape[1:], cache.chunk[1:]))
 
 
 def span_order(count, batch_size, span, open_spans, rng) -> list[int]:
