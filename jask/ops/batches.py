@@ -31,10 +31,10 @@ import math
 
 import numpy as np
 
-from jask.config import config
 from jask.hijax.array import DiskArray
 from jask.graph.nodes import StoredNode
 from jask.exec.events import count as count_events
+from jask.io import settings
 from jask.io.prefetch import Prefetcher
 from jask.io.reader import reader_for
 
@@ -88,7 +88,8 @@ def batches(*arrays, batch_size, shuffle=None, epoch=0, drop_last=True, shuffle_
         order, holds = list(range(count)), []
     elif span > batch_size:     # batches share decoded chunks: drawn span by span, a few spans open at once
         per_span = [(c, _chunks_per_span(c, span), math.prod(c.chunk) * s.dtype.itemsize) for s, c in caches]
-        open_spans = int(np.clip(config.memory_budget // (4 * sum(k * b for _, k, b in per_span)), 2, 16))
+        budget = settings.setting("memory_budget", 0)      # the budget jask.set_memory_budget set
+        open_spans = int(np.clip(budget // (4 * sum(k * b for _, k, b in per_span)), 2, 16))
         order = span_order(count, batch_size, span, open_spans, rng)
         holds = [(c, open_spans * k + 2) for c, k, _ in per_span]
     else:
