@@ -130,7 +130,7 @@ def test_shuffled_batches_decode_each_chunk_once_per_epoch(tmp_path, decodes, co
     labels = np.arange(1024, dtype=np.int32)
     x = _store(tmp_path / "x.zarr", a, (64, columns))
     x_chunks = 16 * 8 // columns
-    y = _store(tmp_path / "y.zarr", labels, (128,))           # spans of 128 rows: 16 batches, 3 chunks
+    y = _store(tmp_path / "y.zarr", labels, (128,))           # spans of 128 rows: 16 batches, 1 + x_chunks / 8 chunks
     orders = []
     for epoch, buffer in ((0, 1), (0, 1), (1, 1), (0, 4)):
         decodes[0] = 0
