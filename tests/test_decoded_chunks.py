@@ -12,7 +12,7 @@ import jask.numpy
 from jask.exec import driver
 from jask.io import decoded_chunks
 from jask.io.prefetch import Prefetcher
-from jask.io.reader import CorruptChunkError, reader_for
+from jask.io.reader import CorruptChunkError, TileReadError, reader_for
 from jask.ops.batches import span_order
 from jask.plan.memory import DECODED_CHUNK_SLOTS
 
@@ -109,6 +109,52 @@ def test_a_corrupt_chunk_read_by_small_tiles_names_the_chunk(tmp_path):
     with pytest.raises(CorruptChunkError, match="chunk file c/2/0"):
         jask.materialize(x + 1.0)
     assert decoded_chunks.live()["bytes"] == 0
+
+
+@pytest.mark.parametrize("where", ["local", "url"])
+def test_only_a_chunk_that_fails_on_its_own_is_called_damaged(tmp_path, monkeypatch, where):
+    """A garbled compressed chunk is named as damaged (CorruptChunkError); a read that fails where every
+    chunk decodes alone (here a fault raised in the reading code) is a plain TileReadError saying the data
+    is not damaged, locally and at a URL."""
+    import fsspec
+    a = _tall(7)
+    if where == "local":
+        path = str(tmp_path / "a.zarr")
+        chunk = tmp_path / "a.zarr" / "c" / "2" / "0"
+    else:
+        path = "memory://jask-test-damage/a.zarr"
+        chunk = "/jask-test-damage/a.zarr/c/2/0"
+    fs = fsspec.filesystem("memory")
+    try:
+        x = _store(path, a, (1024, 16))
+        jask.config.update("tile", 128)
+        failures = [TypeError("a fault in the reading code")]
+        read = decoded_chunks.DecodedChunks.read
+
+        def faulty(self, *args):
+            if failures:
+                raise failures.pop()
+            return read(self, *args)
+        monkeypatch.setattr(decoded_chunks.DecodedChunks, "read", faulty)
+        with pytest.raises(TileReadError) as info:
+            np.asarray(x + 1.0)
+        assert not isinstance(info.value, CorruptChunkError)
+        assert "a fault in the reading code" in str(info.value) and "not damaged" in str(info.value)
+        np.testing.assert_array_equal(np.asarray(x + 1.0), a + 1.0)      # the store is fine
+
+        if where == "local":
+            raw = bytearray(open(chunk, "rb").read())
+            raw[20:84] = b"\xff" * 64
+            open(chunk, "wb").write(bytes(raw))
+        else:
+            raw = bytearray(fs.cat(chunk))
+            raw[20:84] = b"\xff" * 64
+            fs.pipe(chunk, bytes(raw))
+        with pytest.raises(CorruptChunkError, match="chunk file c/2/0"):
+            np.asarray(jask.from_zarr(path) + 1.0)
+    finally:
+        if fs.exists("/jask-test-damage"):
+            fs.rm("/jask-test-damage", recursive=True)
 
 
 def test_batches_smaller_than_a_chunk_decode_it_once(tmp_path, decodes):

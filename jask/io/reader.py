@@ -44,7 +44,7 @@ from jask.io.buffers import aligned_empty
 from jask.io.decoded_chunks import DecodedChunks
 from jask.io.layout import MAX_UINT64, ChunkLayout, covering, describe_region
 from jask.io.pins import folder_deleted, folder_emptied
-from jask.io.read_errors import CorruptChunkError, MissingChunkError, TileReadError, dense_hint
+from jask.io.read_errors import CorruptChunkError, MissingChunkError, TileReadError, chunk_key, dense_hint, failed_read
 
 _INDEX_CACHE = 256  # shard indexes kept per reader (16 bytes per inner chunk each)
 
@@ -133,26 +133,9 @@ class TileReader:
             return
         self.array.get_basic_selection(region, out=NDBuffer.from_numpy_array(out))
 
-    def _chunk_key(self, outer_coords):
-        meta = self.array.metadata
-        return meta.encode_chunk_key(outer_coords) if hasattr(meta, "encode_chunk_key") else None
-
     def _decode_error(self, region, err) -> TileReadError:
-        """Name the chunk a failed zarr/TensorStore read choked on, found by reading its chunks one by one."""
-        key = None
-        if self.layout.shape:
-            for coords in covering(region, self.layout.outer):
-                whole = tuple(slice(c * n, min((c + 1) * n, d))
-                              for c, n, d in zip(coords, self.layout.outer, self.layout.shape))
-                try:
-                    self.array[whole]
-                except Exception:
-                    key = self._chunk_key(coords)
-                    break
-        where = f"chunk file {key}" if key is not None else f"region {describe_region(region)}"
-        cls = TileReadError if isinstance(err, OSError) else CorruptChunkError
-        return cls(f"{where} of {self.path} cannot be read or decoded: {type(err).__name__}: {err}",
-                   path=self.path, region=region)
+        """Name the chunk a failed zarr/TensorStore read choked on (see :func:`failed_read`)."""
+        return failed_read(self.array, self.path, region, err, self.layout.outer)
 
     def _deleted(self, region=None):
         raise MissingChunkError(f"the Zarr store at {self.path} was deleted while still in use",
@@ -168,7 +151,7 @@ class TileReader:
         return dense_hint(self.path, self.array.fill_value) if self.dense else ""
 
     def _require_file(self, outer_coords):
-        key = self._chunk_key(outer_coords)
+        key = chunk_key(self.array, outer_coords)
         if key is not None and not os.path.exists(os.path.join(self.root, key)):
             self._missing(key)
 

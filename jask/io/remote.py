@@ -30,7 +30,8 @@ from zarr.core.sync import sync
 from jask.io import backends, dtypes, faults, metadata, versions
 from jask.io.decoded_chunks import DecodedChunks
 from jask.io.layout import check_shards, describe_region
-from jask.io.reader import CorruptChunkError, MissingChunkError, TileReadError, prepare_read
+from jask.io.read_errors import failed_read
+from jask.io.reader import MissingChunkError, TileReadError, prepare_read
 from jask.io.open_local import open_existing
 from jask.io.store import PendingStore, Store, describe_array
 from jask.io.urls import Location, RemoteStoreError, parse
@@ -369,11 +370,11 @@ class RemoteTileReader:
                 self._decoded.read(region, raw, self._fetch)
         except TileReadError:
             raise
+        except FileNotFoundError as e:
+            raise MissingChunkError(f"region {describe_region(region)} of {self.path} cannot be read: "
+                                    f"{type(e).__name__}: {e}", path=self.path, region=region) from e
         except Exception as e:
-            cls = (MissingChunkError if isinstance(e, FileNotFoundError)
-                   else TileReadError if isinstance(e, OSError) else CorruptChunkError)
-            raise cls(f"region {describe_region(region)} of {self.path} cannot be read: "
-                      f"{type(e).__name__}: {e}", path=self.path, region=region) from e
+            raise failed_read(self.array, self.path, region, e) from e
         return out
 
     def _fetch(self, region, out) -> None:
