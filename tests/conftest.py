@@ -4,25 +4,8 @@ import gc
 import os
 import shutil
 import tempfile
-from importlib.metadata import version
 
-
-def _jaxlib_version() -> tuple:
-    return tuple(int(p) for p in version("jaxlib").split(".")[:2])
-
-
-# XLA:CPU's newer fusion emitters (its default) build an MLIR context for every kernel of a program, so
-# even a window program of a few small tiles took ~140 ms to compile, and the suite's ~5300 compiles were
-# a third of its time (2026-12-07: 755 s of the two workers' 2140). Its older emitters, also XLA's own,
-# compile the same programs in about half the time (`tests/test_ops.py -k grad_eager`: compiles 65.7 ->
-# 34.8 s, the file 102 -> 66 s); the suite's arrays are too small for the kernels' speed to matter. Set
-# before JAX starts its backend, in the environment, so the processes tests start compile alike. Only on
-# jaxlib 0.10, which has this flag: 0.11.2's and 0.12.0.1's libraries lack it, and XLA stops a process
-# whose XLA_FLAGS names a flag it does not know.
-if _jaxlib_version() < (0, 11) and "xla_cpu_use_fusion_emitters" not in os.environ.get("XLA_FLAGS", ""):
-    os.environ["XLA_FLAGS"] = f"{os.environ.get('XLA_FLAGS', '')} --xla_cpu_use_fusion_emitters=false".strip()
-
-import jax  # noqa: E402  (after XLA_FLAGS)
+import jax
 import pytest
 from hypothesis import HealthCheck, settings
 from hypothesis.configuration import set_hypothesis_home_dir
