@@ -29,7 +29,6 @@ def dense_hint(path: str, fill_value) -> str:
             f"read missing chunks as the fill value: jask.from_zarr({str(path)!r}, missing_chunks='fill')")
 
 
-
 def failed_read(array, path, region, err, outer=None) -> TileReadError:
     """The error for a read of ``region`` of the zarr ``array`` that a decoding library (zarr, TensorStore)
     failed with ``err``.
