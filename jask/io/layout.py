@@ -20,6 +20,11 @@ def describe_region(region) -> str:
     return "[" + ", ".join(f"{s.start}:{s.stop}" for s in region) + "]"
 
 
+def chunk_files(array) -> tuple:
+    """The grid of an array's chunk files: its shards, or its chunks when it is not sharded."""
+    return tuple(array.chunks if getattr(array, "shards", None) is None else array.shards)
+
+
 class ChunkLayout:
     """What :class:`TileReader` needs to know about a store's on-disk layout.
 
@@ -32,7 +37,7 @@ class ChunkLayout:
         self.mode = "zarr"
         self.dtype = np.dtype(array.dtype)
         self.shape = tuple(array.shape)
-        self.outer = tuple(array.chunks if getattr(array, "shards", None) is None else array.shards)
+        self.outer = chunk_files(array)
         self.chunk = tuple(array.chunks)
         meta = array.metadata
         if getattr(meta, "zarr_format", 2) != 3 or not self.shape or self.dtype.kind not in "biuf":

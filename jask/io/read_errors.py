@@ -29,19 +29,19 @@ def dense_hint(path: str, fill_value) -> str:
             f"read missing chunks as the fill value: jask.from_zarr({str(path)!r}, missing_chunks='fill')")
 
 
-def failed_read(array, path, region, err, outer=None) -> TileReadError:
+def failed_read(array, path, region, err) -> TileReadError:
     """The error for a read of ``region`` of the zarr ``array`` that a decoding library (zarr, TensorStore)
     failed with ``err``.
 
-    The chunk files (grid ``outer``: the shards or chunks) under ``region`` are read again one by one,
+    The chunk files (the shards or chunks) under ``region`` are read again one by one,
     and the first that fails on its own is named: :class:`CorruptChunkError`, or a plain
     :class:`TileReadError` for an ``OSError``. When every one reads alone, the failure was not in
     the store's bytes (a fault in the reading code, or a passing one): a plain :class:`TileReadError`
     that says so, since calling a healthy store damaged sends the user to repair data that is fine.
     """
-    from jask.io.layout import covering, describe_region
+    from jask.io.layout import chunk_files, covering, describe_region
     cls = TileReadError if isinstance(err, OSError) else CorruptChunkError
-    outer = outer or getattr(array, "shards", None) or array.chunks
+    outer = chunk_files(array)
     if array.shape:
         for coords in covering(region, outer):
             whole = tuple(slice(c * n, min((c + 1) * n, d)) for c, n, d in zip(coords, outer, array.shape))

@@ -135,7 +135,7 @@ class TileReader:
 
     def _decode_error(self, region, err) -> TileReadError:
         """Name the chunk a failed zarr/TensorStore read choked on (see :func:`failed_read`)."""
-        return failed_read(self.array, self.path, region, err, self.layout.outer)
+        return failed_read(self.array, self.path, region, err)
 
     def _deleted(self, region=None):
         raise MissingChunkError(f"the Zarr store at {self.path} was deleted while still in use",
