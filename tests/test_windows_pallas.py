@@ -231,6 +231,11 @@ def test_refusals_found_compiling_on_a_tpu():
         legality.plan(Add(), half, f16, "tpu")
     assert legality.plan(Add(), _spec([(8, 128)] * 2, jnp.bfloat16, (1, 1), 1, 1, (8, 128)),
                          np.dtype(jnp.bfloat16), "tpu").kind == "pointwise"
+    through_half = Elementwise(lambda x: x.astype(jnp.float16).astype(jnp.float32), shapes=[(8, 128)],
+                               dtypes=[f32], name="through_half")   # float32 in and out, float16 inside
+    with pytest.raises(WindowNotLegal, match="float16 vectors"):
+        legality.plan(through_half, spec, f32, "tpu")
+    assert legality.plan(through_half, spec, f32, "gpu").kind == "pointwise"
     i32, i64 = np.dtype(np.int32), np.dtype(np.int64)
     int_dot = _spec([(16, 128), (128, 128)], i32, (1, 1), 1, 1, (16, 128))
     with pytest.raises(WindowNotLegal, match="no tpu lowering for integer dot_general"):

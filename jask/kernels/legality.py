@@ -268,6 +268,9 @@ UNLOWERABLE = {"tpu": frozenset({"reduce_prod", "gather"} | _TPU_ONLY), "gpu": f
 # 64-bit ones (2026-12-06: XLA's pass that rewrites X64 element types has no rule for a pallas_call), and
 # 8-bit integers (2026-12-06, seventh session: "Reductions over int8 not implemented", "Only vector<i16>
 # and vector<i32> are supported, but got 'i8'", at the first call of a max and of an elementwise program).
+# Also as a value made inside a program: a cast to them failed Mosaic's compile (`tpu.pack_subelements`), for
+# narrow integers of `astype` (2026-12-06) and for the float16 of a fused `x.astype(float16).astype(float32)`
+# summed (2026-12-08, nineteenth session); both ran as xla after a warning, right.
 UNLOADABLE_DTYPES = {"tpu": frozenset({"float16", "int64", "uint64", "float64", "complex128", "int8", "uint8"}),
                      "gpu": frozenset()}
 # A bool result of one element (the full reduction of any/all, out block ()): on a TPU v5e (2026-12-07,
@@ -315,6 +318,7 @@ def unlowerable(op, spec, acc_dtype, target: str) -> str | None:
         return f"{acc_dtype} scalars"
     dtypes = {str(x.dtype) for x in spec.leaf_structs} | {str(acc_dtype)}
     dtypes |= {str(v.aval.dtype) for v in fwd.outvars if hasattr(v, "aval")}
+    dtypes |= {str(v.aval.dtype) for eqn in _all_eqns(fwd) for v in eqn.outvars}   # a value made inside
     unloadable = sorted(dtypes & UNLOADABLE_DTYPES.get(target, frozenset()))
     return f"{unloadable[0]} vectors" if unloadable else None
 
