@@ -232,7 +232,7 @@ def _jitted(fn, args, transform=lambda f: f):
     """``transform(fn)`` as one jitted reference program, the Python numbers among ``args`` static (they are
     constants of the op, as on the jask side). Eagerly, jnp compiles a program per primitive and shape (~50 ms
     each on this CPU: 546 of the 781 compiles of this file's grad_eager rows); jitted, the reference is one."""
-    static = tuple(i for i, a in enumerate(args) if isinstance(a, _Scalar) and not a.differentiable)
+    static = tuple(i for i, a in enumerate(args) if not a.differentiable)
     return jax.jit(transform(fn), static_argnums=static)
 
 
